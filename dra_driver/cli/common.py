@@ -1,0 +1,49 @@
+"""Flags and helpers several subcommands share: choosing the discovery backend, output."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dra_driver.devices import backend, fake, profiles
+
+
+class UsageError(Exception):
+    """Bad flags or input files; printed as one line, exit code 2."""
+
+
+def add_backend_flags(parser: argparse.ArgumentParser) -> None:
+    """``--fake PROFILE`` / ``--fake-file FILE``; neither = real NVML."""
+    from dra_driver.cli import env_default
+
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--fake", metavar="PROFILE", default=env_default("FAKE_PROFILE"),
+        help=f"use a built-in fake GPU profile ({', '.join(profiles.builtin_names())}); "
+        "env FAKE_PROFILE",
+    )
+    group.add_argument(
+        "--fake-file", metavar="FILE", type=Path, default=env_default("FAKE_PROFILE_FILE"),
+        help="use a fake GPU profile from a YAML file (docs/profiles.md); env FAKE_PROFILE_FILE",
+    )
+
+
+def make_backend(args: argparse.Namespace) -> backend.Backend:
+    """The backend the flags ask for. Raises UsageError / DiscoveryError with clear messages."""
+    try:
+        if args.fake_file:
+            return fake.FakeBackend.from_file(Path(args.fake_file))
+        if args.fake:
+            return fake.FakeBackend.from_name(args.fake)
+    except profiles.ProfileError as exc:
+        raise UsageError(str(exc)) from exc
+    from dra_driver.devices import nvml
+
+    return nvml.PynvmlBackend.create()
+
+
+def fail(message: str, code: int = 2) -> int:
+    """Print one clear error line for the operator and return the exit code."""
+    print(f"dra-driver: error: {message}", file=sys.stderr)
+    return code

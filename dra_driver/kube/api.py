@@ -1,0 +1,91 @@
+"""The narrow port through which the driver talks to the Kubernetes API server.
+
+Objects cross it as plain JSON-shaped dicts (``resource.k8s.io/v1`` field names), so the driver
+core never imports the ``kubernetes`` client. Two implementations: the real adapter
+(:mod:`dra_driver.kube.client`, the only importer of the client library) and the in-memory API
+(:mod:`dra_driver.kube.memory`) that tests and the demo use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, Literal, Protocol
+
+Obj = dict[str, Any]
+
+
+class ApiError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 when the server was unreachable)."""
+
+    def __init__(self, status: int, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+    @property
+    def retriable(self) -> bool:
+        return self.status in (0, 409, 429) or self.status >= 500
+
+
+class NotFound(ApiError):
+    def __init__(self, message: str) -> None:
+        super().__init__(404, message, reason="NotFound")
+
+
+class Conflict(ApiError):
+    """409: stale ``resourceVersion`` on update/delete, or the name exists on create."""
+
+    def __init__(self, message: str, *, reason: str = "Conflict") -> None:
+        super().__init__(409, message, reason=reason)
+
+
+class Invalid(ApiError):
+    """422 (or 400 for undecodable objects): the server refused the object itself."""
+
+    def __init__(self, message: str, *, status: int = 422) -> None:
+        super().__init__(status, message, reason="Invalid" if status == 422 else "BadRequest")
+
+    @property
+    def retriable(self) -> bool:
+        return False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]
+    object: Obj
+
+
+class KubeApi(Protocol):
+    """What the driver needs from the API server, and nothing more."""
+
+    def get_resource_claim(self, namespace: str, name: str) -> Obj:
+        """GET a ResourceClaim; raises :class:`NotFound`."""
+        ...
+
+    def get_node(self, name: str) -> Obj:
+        """GET a Node (for the owner reference of our ResourceSlices); raises NotFound."""
+        ...
+
+    def list_resource_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:
+        """Slices of ``driver`` on ``node_name`` (field selectors) and the list resourceVersion."""
+        ...
+
+    def create_resource_slice(self, obj: Obj) -> Obj:
+        """Create; ``metadata.generateName`` is honoured. Raises Conflict, Invalid."""
+        ...
+
+    def update_resource_slice(self, obj: Obj) -> Obj:
+        """Replace; ``metadata.resourceVersion`` must be current (else Conflict)."""
+        ...
+
+    def delete_resource_slice(self, name: str, *, resource_version: str | None = None) -> None:
+        """Delete, optionally only if unchanged (precondition). Raises NotFound, Conflict."""
+        ...
+
+    def watch_resource_slices(
+        self, *, driver: str, node_name: str, resource_version: str, timeout_s: float
+    ) -> Iterator[WatchEvent]:
+        """Events after ``resource_version`` until ``timeout_s`` passes (then the iterator ends)."""
+        ...

@@ -1,0 +1,53 @@
+"""Structured logging set-up, once per process.
+
+Every log line is a structlog event: JSON when the output is not a terminal (containers, CI),
+a readable console rendering on a TTY. Lines about a claim carry ``claim_uid``,
+``claim_namespace`` and ``claim_name`` (bind them with :func:`claim_logger`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal
+
+import structlog
+
+Format = Literal["auto", "json", "console"]
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def configure(*, level: str = "info", fmt: Format = "auto") -> None:
+    """Route structlog (and stdlib logging, e.g. grpc's) to stderr in the chosen format."""
+    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
+    )
+    numeric = logging.getLevelNamesMapping()[level.upper()]
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(name)s: %(message)s")
+
+
+def get(name: str) -> structlog.typing.FilteringBoundLogger:
+    """A logger carrying ``logger=<name>``."""
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(logger=name)
+    return logger
+
+
+def claim_logger(
+    base: structlog.typing.FilteringBoundLogger, *, uid: str, namespace: str, name: str
+) -> structlog.typing.FilteringBoundLogger:
+    """``base`` with the claim's identity bound, for every line about that claim."""
+    return base.bind(claim_uid=uid, claim_namespace=namespace, claim_name=name)

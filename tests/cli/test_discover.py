@@ -1,0 +1,80 @@
+"""``dra-driver discover`` as a user runs it: a real subprocess, real exit codes and output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+CUBE_MESH = [
+    [0, 1, 1, 2, 2, 0, 0, 0],
+    [1, 0, 2, 1, 0, 2, 0, 0],
+    [1, 2, 0, 2, 0, 0, 1, 0],
+    [2, 1, 2, 0, 0, 0, 0, 1],
+    [2, 0, 0, 0, 0, 1, 1, 2],
+    [0, 2, 0, 0, 1, 0, 2, 1],
+    [0, 0, 1, 0, 1, 2, 0, 2],
+    [0, 0, 0, 1, 2, 1, 2, 0],
+]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dra_driver", "--log-format", "json", "discover", *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def discover_json(profile: str) -> dict[str, Any]:
+    proc = run("--fake", profile, "--output", "json")
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+def test_cube_mesh_reports_eight_gpus_one_island_and_link_counts() -> None:
+    doc = discover_json("dgx-1-v100")
+    assert len(doc["gpus"]) == 8
+    assert [i["gpus"] for i in doc["topology"]["islands"]] == [list(range(8))]
+    pairs = {tuple(p["gpus"]): p for p in doc["topology"]["pairs"]}
+    assert len(pairs) == 28
+    for (a, b), pair in pairs.items():
+        assert pair["nvlinks"] == CUBE_MESH[a][b], (a, b)
+        assert pair["path"] == (f"NV{CUBE_MESH[a][b]}" if CUBE_MESH[a][b] else "SYS")
+    for gpu in doc["gpus"]:
+        assert sum(gpu["nvlinks"].values()) == 6
+
+
+def test_nvl_pairs_two_islands_and_l4_none() -> None:
+    assert [i["gpus"] for i in discover_json("h100-nvl-pairs")["topology"]["islands"]] == [
+        [0, 1], [2, 3]
+    ]
+    l4 = discover_json("pcie-l4")
+    assert l4["topology"]["islands"] == []
+    assert all(gpu["nvlinks"] == {} for gpu in l4["gpus"])
+
+
+def test_table_and_yaml_outputs() -> None:
+    table = run("--fake", "dgx-h100")
+    assert table.returncode == 0, table.stderr
+    assert "NV18" in table.stdout and "island-0" in table.stdout
+    yml = run("--fake", "a100-mig", "--output", "yaml")
+    assert yml.returncode == 0 and "profile: 3g.20gb" in yml.stdout
+
+
+def test_unknown_profile_is_one_line_exit_2() -> None:
+    proc = run("--fake", "no-such-profile")
+    assert proc.returncode == 2
+    assert "unknown fake profile 'no-such-profile'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_without_nvidia_driver_one_line_error_exit_2() -> None:
+    """This machine (and CI) has no libnvidia-ml: the real backend must say so plainly."""
+    proc = run()
+    assert proc.returncode == 2, proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "NVIDIA driver" in lines[0] and "--fake" in lines[0]
+    assert "Traceback" not in proc.stderr
