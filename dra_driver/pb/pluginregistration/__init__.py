@@ -1,0 +1,1 @@
+"""GENERATED ONLY: see dra_driver/pb/__init__.py."""
