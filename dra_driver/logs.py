@@ -42,7 +42,13 @@ def configure(*, level: str = "info", fmt: Format = "auto") -> None:
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:
     """A logger carrying ``logger=<name>``."""
-    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(logger=name)
+    # get_logger(logger=...) collides with wrap_logger's own ``logger`` parameter, so build the
+    # same lazy proxy get_logger returns, with the initial value given directly: it still
+    # follows a configure() made after import.
+    proxy_class = type(structlog.get_logger())
+    logger: structlog.typing.FilteringBoundLogger = proxy_class(
+        None, initial_values={"logger": name}
+    )
     return logger
 
 

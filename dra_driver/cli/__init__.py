@@ -42,11 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dra-driver {__version__}")
     parser.add_argument(
-        "--log-level", choices=logs.LEVELS, default=env_default("LOG_LEVEL", "info"),
+        "--log-level",
+        choices=logs.LEVELS,
+        default=env_default("LOG_LEVEL", "info"),
         help="log verbosity (env LOG_LEVEL; default info)",
     )
     parser.add_argument(
-        "--log-format", choices=("auto", "json", "console"),
+        "--log-format",
+        choices=("auto", "json", "console"),
         default=env_default("LOG_FORMAT", "auto"),
         help="auto = console on a terminal, JSON otherwise (env LOG_FORMAT)",
     )

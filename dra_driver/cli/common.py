@@ -19,12 +19,17 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
-        "--fake", metavar="PROFILE", default=env_default("FAKE_PROFILE"),
+        "--fake",
+        metavar="PROFILE",
+        default=env_default("FAKE_PROFILE"),
         help=f"use a built-in fake GPU profile ({', '.join(profiles.builtin_names())}); "
         "env FAKE_PROFILE",
     )
     group.add_argument(
-        "--fake-file", metavar="FILE", type=Path, default=env_default("FAKE_PROFILE_FILE"),
+        "--fake-file",
+        metavar="FILE",
+        type=Path,
+        default=env_default("FAKE_PROFILE_FILE"),
         help="use a fake GPU profile from a YAML file (docs/profiles.md); env FAKE_PROFILE_FILE",
     )
 

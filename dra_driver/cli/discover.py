@@ -46,13 +46,11 @@ def as_document(devices: model.NodeDevices, topo: topology.Topology) -> dict[str
     return {
         "gpus": [model.to_dict(g) for g in devices.gpus],
         "topology": {
-            "islands": [
-                {"id": isl.id, "gpus": list(isl.gpu_indices)} for isl in topo.islands
-            ],
+            "islands": [{"id": isl.id, "gpus": list(isl.gpu_indices)} for isl in topo.islands],
             "pairs": [
                 {"gpus": [a, b], "nvlinks": topo.links(a, b), "path": topo.path(a, b)}
                 for i, a in enumerate(topo.indices)
-                for b in topo.indices[i + 1:]
+                for b in topo.indices[i + 1 :]
             ],
         },
     }
@@ -65,16 +63,31 @@ def _gib(n: int) -> str:
 def render_table(devices: model.NodeDevices, topo: topology.Topology) -> str:
     rows = [["DEVICE", "PRODUCT", "MEMORY", "UUID", "PCI", "NUMA", "NVLINK", "ISLAND"]]
     for g in devices.gpus:
-        rows.append([
-            g.name + (" (MIG)" if g.mig_enabled else ""), g.product_name, _gib(g.memory_bytes),
-            g.uuid, g.pci_bus_id, "-" if g.numa_node is None else str(g.numa_node),
-            str(g.active_links), topo.island_of.get(g.index, "-"),
-        ])
+        rows.append(
+            [
+                g.name + (" (MIG)" if g.mig_enabled else ""),
+                g.product_name,
+                _gib(g.memory_bytes),
+                g.uuid,
+                g.pci_bus_id,
+                "-" if g.numa_node is None else str(g.numa_node),
+                str(g.active_links),
+                topo.island_of.get(g.index, "-"),
+            ]
+        )
         for m in g.mig_devices:
-            rows.append([
-                "  " + model.mig_device_name(g, m), m.profile, _gib(m.memory_bytes), m.uuid,
-                "", "", "", "",
-            ])
+            rows.append(
+                [
+                    "  " + model.mig_device_name(g, m),
+                    m.profile,
+                    _gib(m.memory_bytes),
+                    m.uuid,
+                    "",
+                    "",
+                    "",
+                    "",
+                ]
+            )
     out = [_columns(rows), ""]
     header = [""] + [f"GPU{i}" for i in topo.indices] + ["NUMA"]
     matrix = [header]
@@ -88,15 +101,16 @@ def render_table(devices: model.NodeDevices, topo: topology.Topology) -> str:
             out.append(f"NVLink {isl.id}: GPUs {', '.join(str(i) for i in isl.gpu_indices)}")
     else:
         out.append("NVLink islands: none")
-    out.append("Legend: X = self, NV# = # NVLink links, PIX = one PCIe switch, "
-               "PXB = several PCIe switches, PHB = PCIe host bridge, NODE = same NUMA node, "
-               "SYS = across NUMA nodes")
+    out.append(
+        "Legend: X = self, NV# = # NVLink links, PIX = one PCIe switch, "
+        "PXB = several PCIe switches, PHB = PCIe host bridge, NODE = same NUMA node, "
+        "SYS = across NUMA nodes"
+    )
     return "\n".join(out)
 
 
 def _columns(rows: list[list[str]]) -> str:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-        for r in rows
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )

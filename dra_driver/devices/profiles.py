@@ -86,8 +86,9 @@ class GpuSpec(GpuDefaults):
     pci_bus_id: str = pydantic.Field(
         alias="pciBusId", pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
     )
-    pcie_root: str | None = pydantic.Field(default=None, alias="pcieRoot",
-                                           pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+    pcie_root: str | None = pydantic.Field(
+        default=None, alias="pcieRoot", pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$"
+    )
     pcie_switch: str | None = pydantic.Field(default=None, alias="pcieSwitch")
     numa_node: int | None = pydantic.Field(default=None, alias="numaNode", ge=0)
     mig: list[MigSpec] | None = None  # present (even empty) = MIG mode enabled
@@ -122,8 +123,9 @@ class Profile(pydantic.BaseModel):
     name: str = pydantic.Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     description: str = ""
     driver_version: str = pydantic.Field(alias="driverVersion", pattern=r"^[0-9]+(\.[0-9]+)+$")
-    cuda_driver_version: str = pydantic.Field(alias="cudaDriverVersion",
-                                              pattern=r"^[0-9]+\.[0-9]+$")
+    cuda_driver_version: str = pydantic.Field(
+        alias="cudaDriverVersion", pattern=r"^[0-9]+\.[0-9]+$"
+    )
     defaults: GpuDefaults = GpuDefaults()
     gpus: list[GpuSpec] = pydantic.Field(min_length=1)
     nvlink: Nvlink | None = None
@@ -132,8 +134,13 @@ class Profile(pydantic.BaseModel):
     def _consistent(self) -> Profile:
         n = len(self.gpus)
         for i, gpu in enumerate(self.gpus):
-            for field in ("product_name", "brand", "architecture", "cuda_compute_capability",
-                          "memory"):
+            for field in (
+                "product_name",
+                "brand",
+                "architecture",
+                "cuda_compute_capability",
+                "memory",
+            ):
                 if getattr(gpu, field) is None and getattr(self.defaults, field) is None:
                     raise ValueError(f"gpus[{i}]: {field} is not set and has no default")
         indices = [g.index if g.index is not None else i for i, g in enumerate(self.gpus)]
@@ -189,8 +196,9 @@ class Profile(pydantic.BaseModel):
 def builtin_names() -> list[str]:
     """Names of the profiles shipped with the package."""
     folder = importlib.resources.files("dra_driver.devices") / "profiles"
-    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir()
-                  if p.name.endswith(".yaml"))
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
 
 
 def load_builtin(name: str) -> Profile:

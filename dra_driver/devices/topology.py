@@ -86,8 +86,9 @@ def pair_links(devices: model.NodeDevices) -> dict[tuple[int, int], int]:
     return out
 
 
-def islands(indices: Iterable[int], links: Mapping[tuple[int, int], int],
-            minors: Mapping[int, int]) -> tuple[Island, ...]:
+def islands(
+    indices: Iterable[int], links: Mapping[tuple[int, int], int], minors: Mapping[int, int]
+) -> tuple[Island, ...]:
     """Connected components of the NVLink graph; GPUs without any NVLink form no island."""
     parent: dict[int, int] = {i: i for i in indices}
 
@@ -119,9 +120,7 @@ def build(devices: model.NodeDevices) -> Topology:
     minors = {g.index: g.minor for g in devices.gpus}
     isl = islands(indices, links, minors)
     island_of = {i: island.id for island in isl for i in island.gpu_indices}
-    paths = {
-        (a, b): devices.pcie_path(a, b) for a, b in itertools.combinations(indices, 2)
-    }
+    paths = {(a, b): devices.pcie_path(a, b) for a, b in itertools.combinations(indices, 2)}
     return Topology(
         indices=indices,
         pair_links=links,
@@ -133,8 +132,9 @@ def build(devices: model.NodeDevices) -> Topology:
     )
 
 
-def derive_pcie_path(a: model.Gpu, b: model.Gpu, switch_a: str | None,
-                     switch_b: str | None) -> model.PathType:
+def derive_pcie_path(
+    a: model.Gpu, b: model.Gpu, switch_a: str | None, switch_b: str | None
+) -> model.PathType:
     """PCIe path between two GPUs from where they hang: switch, root complex, NUMA node.
 
     Used by the fake backend (profiles name switches and roots); the real backend asks NVML.

@@ -22,7 +22,10 @@ CUBE_MESH = [
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dra_driver", "--log-format", "json", "discover", *args],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -48,7 +51,8 @@ def test_cube_mesh_reports_eight_gpus_one_island_and_link_counts() -> None:
 
 def test_nvl_pairs_two_islands_and_l4_none() -> None:
     assert [i["gpus"] for i in discover_json("h100-nvl-pairs")["topology"]["islands"]] == [
-        [0, 1], [2, 3]
+        [0, 1],
+        [2, 3],
     ]
     l4 = discover_json("pcie-l4")
     assert l4["topology"]["islands"] == []

@@ -1,0 +1,413 @@
+"""An honest stand-in for the ``pynvml`` module, answering NVML calls from a topology profile.
+
+The fake backend runs the real discovery code (:class:`~dra_driver.devices.nvml.PynvmlBackend`)
+over this object, so laptops, CI and tests exercise the same code path as a GPU node. It offers
+exactly the functions the backend calls, returns pynvml's own struct types, and raises pynvml's
+own exception classes (re-exported by :mod:`dra_driver.devices.nvml`; this module never imports
+pynvml) where real NVML would: NotSupported for NVLink on cards without it, fabric info on GPUs
+outside a multi-node fabric, a NUMA id the profile does not give, MIG on GPUs without ``mig``.
+Tests inject failures: an init error, a failing GPU, a failing call, or any function replaced.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import uuid as uuidlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dra_driver.devices import nvml, profiles
+
+Failure = Exception | type[Exception]
+_UNKNOWN_ARCH = 0xFFFFFFFF
+_SLOT_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}  # NVML_GPU_INSTANCE_PROFILE_*
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Device:
+    index: int
+    pos: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _MigHandle:
+    parent: _Device
+    slot: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _GpuInstance:
+    parent: _Device
+    gi_id: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _GiProfile:
+    slot: int  # the NVML_GPU_INSTANCE_PROFILE_* value callers ask about
+    id: int  # the profile id GPU instances report (differs from the slot, as on real GPUs)
+
+
+def _raise(failure: Failure) -> None:
+    raise failure() if isinstance(failure, type) else failure
+
+
+def _nvml_bus_id(bus_id: str) -> str:
+    """Any bus id → NVML's ``00000000:17:00.0`` form (8-digit domain, upper case)."""
+    domain, bus, rest = bus_id.split(":")
+    return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"
+
+
+def _reverse(names: Mapping[int, str], what: str, value: str, source: str) -> int:
+    lookup = {name.lower(): code for code, name in names.items()}
+    try:
+        return lookup[value.lower()]
+    except KeyError:
+        known = ", ".join(sorted(set(names.values())))
+        raise profiles.ProfileError(
+            f"profile {source}: unknown {what} {value!r}; NVML knows: {known}"
+        ) from None
+
+
+class FakeNvml:
+    """A pynvml look-alike for one profile; pass it to ``PynvmlBackend.create(nvml=...)``.
+
+    ``init_error`` makes ``nvmlInit`` fail (e.g. ``nvml.NVMLError_LibraryNotFound``); ``fail``
+    makes every call about a GPU index raise; ``fail_calls`` makes one function raise for one
+    GPU index; ``overrides`` replaces functions by name.
+    """
+
+    def __init__(
+        self,
+        profile: profiles.Profile,
+        *,
+        init_error: Failure | None = None,
+        fail: Mapping[int, Failure] | None = None,
+        fail_calls: Mapping[tuple[int, str], Failure] | None = None,
+        overrides: Mapping[str, Callable[..., Any]] | None = None,
+    ) -> None:
+        self.profile = profile
+        self.init_error = init_error
+        self.fail = dict(fail or {})
+        self.fail_calls = dict(fail_calls or {})
+        self._inits = 0
+        self._pos = {profile.gpu_index(p): p for p in range(len(profile.gpus))}
+        self._bus = [_nvml_bus_id(g.pci_bus_id) for g in profile.gpus]
+        self._migs = [sorted(g.mig or (), key=lambda m: m.placement_start) for g in profile.gpus]
+        self._gi_profiles = [self._profile_table(migs) for migs in self._migs]
+        self._links = [self._link_table(p) for p in range(len(profile.gpus))]
+        self._brand = [
+            _reverse(nvml.BRAND_NAMES, "brand", profile.resolved(p, "brand"), profile.name)
+            for p in range(len(profile.gpus))
+        ]
+        self._arch = [
+            _reverse(
+                nvml.ARCH_NAMES, "architecture", profile.resolved(p, "architecture"), profile.name
+            )
+            for p in range(len(profile.gpus))
+        ]
+        for p in range(len(profile.gpus)):
+            fabric = profile.resolved(p, "fabric")
+            if fabric is not None:
+                _reverse(nvml.FABRIC_STATES, "fabric state", fabric.state, profile.name)
+        for name, fn in (overrides or {}).items():
+            if not callable(getattr(type(self), name, None)):
+                raise ValueError(f"FakeNvml has no function {name} to override")
+            setattr(self, name, fn)
+
+    # --- tables built once from the profile ---------------------------------------------------
+    @staticmethod
+    def _profile_table(migs: list[profiles.MigSpec]) -> dict[str, _GiProfile]:
+        table: dict[str, _GiProfile] = {}
+        for name in sorted({m.profile for m in migs}):
+            taken = {p.slot for p in table.values()}
+            slot = _SLOT_BY_SLICES.get(int(name.split("g.", 1)[0]), -1)
+            if "+" in name or slot in taken or slot < 0:
+                slot = min(
+                    s
+                    for s in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT)
+                    if s not in taken and s not in _SLOT_BY_SLICES.values()
+                )
+            table[name] = _GiProfile(slot=slot, id=100 + slot)
+        return table
+
+    def _link_table(self, pos: int) -> list[tuple[int, str]] | None:
+        """Per link: remote device type and remote PCI bus id; None = card without NVLink."""
+        prof = self.profile
+        if prof.nvlink is None:
+            return None
+        if prof.nvlink.switched:
+            return [
+                (nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH, f"0000FFFF:{link % 4:02X}:00.0")
+                for link in range(prof.nvlink.switched)
+            ]
+        table: list[tuple[int, str]] = []
+        for peer in range(len(prof.gpus)):
+            table += [(nvml.NVML_NVLINK_DEVICE_TYPE_GPU, self._bus[peer])] * prof.links(pos, peer)
+        return table
+
+    # --- plumbing -----------------------------------------------------------------------------
+    def _enter(self, name: str, handle: object = None) -> None:
+        if self._inits <= 0:
+            raise nvml.NVMLError_Uninitialized()
+        index = None
+        if isinstance(handle, _Device):
+            index = handle.index
+        elif isinstance(handle, _MigHandle | _GpuInstance):
+            index = handle.parent.index
+        elif isinstance(handle, int):
+            index = handle
+        if index is not None:
+            failure = self.fail_calls.get((index, name)) or self.fail.get(index)
+            if failure is not None:
+                _raise(failure)
+
+    def _device(self, name: str, handle: object) -> _Device:
+        self._enter(name, handle)
+        if not isinstance(handle, _Device):
+            raise nvml.NVMLError_InvalidArgument()
+        return handle
+
+    def _mig(self, name: str, handle: object) -> _MigHandle:
+        self._enter(name, handle)
+        if not isinstance(handle, _MigHandle):
+            raise nvml.NVMLError_NotSupported()  # these calls only take MIG device handles
+        return handle
+
+    def _spec(self, dev: _Device) -> profiles.GpuSpec:
+        return self.profile.gpus[dev.pos]
+
+    def _link(self, name: str, handle: object, link: int) -> tuple[int, str]:
+        dev = self._device(name, handle)
+        table = self._links[dev.pos]
+        if table is None:
+            raise nvml.NVMLError_NotSupported()
+        if not 0 <= link < len(table):
+            raise nvml.NVMLError_InvalidArgument()
+        return table[link]
+
+    # --- system -------------------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            _raise(self.init_error)
+        self._inits += 1
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self._inits -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return self.profile.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._enter("nvmlSystemGetCudaDriverVersion")
+        major, minor = self.profile.cuda_driver_version.split(".")
+        return int(major) * 1000 + int(minor) * 10
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.profile.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Device:
+        self._enter("nvmlDeviceGetHandleByIndex", index)
+        if index not in self._pos:
+            raise nvml.NVMLError_InvalidArgument()
+        return _Device(index=index, pos=self._pos[index])
+
+    # --- one GPU ------------------------------------------------------------------------------
+    def nvmlDeviceGetMinorNumber(self, handle: object) -> int:
+        dev = self._device("nvmlDeviceGetMinorNumber", handle)
+        minor = self._spec(dev).minor
+        return dev.index if minor is None else minor
+
+    def nvmlDeviceGetUUID(self, handle: object) -> str:
+        if isinstance(handle, _MigHandle):
+            self._enter("nvmlDeviceGetUUID", handle)
+            pos = handle.parent.pos
+            return self.profile.mig_uuid(pos, self._migs[pos][handle.slot])
+        return self.profile.gpu_uuid(self._device("nvmlDeviceGetUUID", handle).pos)
+
+    def nvmlDeviceGetName(self, handle: object) -> str:
+        dev = self._device("nvmlDeviceGetName", handle)
+        return str(self.profile.resolved(dev.pos, "product_name"))
+
+    def nvmlDeviceGetBrand(self, handle: object) -> int:
+        return self._brand[self._device("nvmlDeviceGetBrand", handle).pos]
+
+    def nvmlDeviceGetArchitecture(self, handle: object) -> int:
+        return self._arch[self._device("nvmlDeviceGetArchitecture", handle).pos]
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: object) -> tuple[int, int]:
+        dev = self._device("nvmlDeviceGetCudaComputeCapability", handle)
+        major, minor = str(self.profile.resolved(dev.pos, "cuda_compute_capability")).split(".")
+        return int(major), int(minor)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> Any:
+        dev = self._device("nvmlDeviceGetMemoryInfo", handle)
+        total = int(self.profile.resolved(dev.pos, "memory"))
+        return nvml.c_nvmlMemory_t(total=total, free=total, used=0)
+
+    def nvmlDeviceGetPciInfo(self, handle: object) -> Any:
+        return self._pci(self._bus[self._device("nvmlDeviceGetPciInfo", handle).pos])
+
+    @staticmethod
+    def _pci(bus_id: str) -> Any:
+        domain, bus, rest = bus_id.split(":")
+        device = int(rest.split(".")[0], 16)
+        legacy = f"{int(domain, 16) & 0xFFFF:04X}:{bus}:{rest}"
+        return nvml.nvmlPciInfo_t(
+            busIdLegacy=legacy.encode(),
+            domain=int(domain, 16),
+            bus=int(bus, 16),
+            device=device,
+            busId=bus_id.encode(),
+        )
+
+    def nvmlDeviceGetNumaNodeId(self, handle: object) -> int:
+        node = self._spec(self._device("nvmlDeviceGetNumaNodeId", handle)).numa_node
+        if node is None:
+            raise nvml.NVMLError_NotSupported()
+        return node
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: object, info: Any) -> int:
+        return self._fill_fabric("nvmlDeviceGetGpuFabricInfoV", handle, info)
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: object, info: Any) -> int:
+        return self._fill_fabric("nvmlDeviceGetGpuFabricInfo", handle, info)
+
+    def _fill_fabric(self, name: str, handle: object, info: Any) -> int:
+        dev = self._device(name, handle)
+        fabric = self.profile.resolved(dev.pos, "fabric")
+        if fabric is None:
+            raise nvml.NVMLError_NotSupported()
+        target = info.contents if isinstance(info, ctypes._Pointer) else info
+        raw = uuidlib.UUID(fabric.cluster_uuid).bytes
+        target.clusterUuid = (ctypes.c_uint8 * len(raw))(*raw)
+        target.status = nvml.NVML_SUCCESS
+        target.cliqueId = fabric.clique_id
+        target.state = _reverse(nvml.FABRIC_STATES, "fabric state", fabric.state, "")
+        return nvml.NVML_SUCCESS
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, handle1: object, handle2: object) -> int:
+        a = self._spec(self._device("nvmlDeviceGetTopologyCommonAncestor", handle1))
+        b = self._spec(self._device("nvmlDeviceGetTopologyCommonAncestor", handle2))
+        if a.pcie_switch is not None and a.pcie_switch == b.pcie_switch:
+            return nvml.NVML_TOPOLOGY_SINGLE
+        if a.pcie_root is not None and a.pcie_root == b.pcie_root:
+            return nvml.NVML_TOPOLOGY_HOSTBRIDGE
+        if a.numa_node is not None and a.numa_node == b.numa_node:
+            return nvml.NVML_TOPOLOGY_NODE
+        return nvml.NVML_TOPOLOGY_SYSTEM
+
+    # --- NVLink -------------------------------------------------------------------------------
+    def nvmlDeviceGetNvLinkState(self, handle: object, link: int) -> int:
+        self._link("nvmlDeviceGetNvLinkState", handle, link)
+        return nvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: object, link: int) -> int:
+        return self._link("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)[0]
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: object, link: int) -> Any:
+        return self._pci(self._link("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)[1])
+
+    # --- MIG ----------------------------------------------------------------------------------
+    def _mig_specs(self, name: str, handle: object) -> tuple[_Device, list[profiles.MigSpec]]:
+        dev = self._device(name, handle)
+        if self._spec(dev).mig is None:
+            raise nvml.NVMLError_NotSupported()
+        return dev, self._migs[dev.pos]
+
+    def nvmlDeviceGetMigMode(self, handle: object) -> list[int]:
+        self._mig_specs("nvmlDeviceGetMigMode", handle)
+        return [nvml.NVML_DEVICE_MIG_ENABLE, nvml.NVML_DEVICE_MIG_ENABLE]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:
+        return max(7, len(self._mig_specs("nvmlDeviceGetMaxMigDeviceCount", handle)[1]))
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int) -> _MigHandle:
+        dev, migs = self._mig_specs("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if not 0 <= index < len(migs):
+            raise nvml.NVMLError_NotFound()
+        return _MigHandle(parent=dev, slot=index)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, handle: object, profile: int, version: int = 2
+    ) -> Any:
+        dev, migs = self._mig_specs("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+        for name, gi in self._gi_profiles[dev.pos].items():
+            if gi.slot == profile:
+                spec = next(m for m in migs if m.profile == name)
+                info = nvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+                info.id = gi.id
+                info.sliceCount = int(name.split("g.", 1)[0])
+                info.instanceCount = sum(1 for m in migs if m.profile == name)
+                info.multiprocessorCount = spec.multiprocessors
+                info.copyEngineCount = spec.copy_engines
+                info.decoderCount = spec.decoders
+                info.encoderCount = spec.encoders
+                info.jpegCount = spec.jpeg_engines
+                info.ofaCount = spec.ofa_engines
+                info.memorySizeMB = spec.memory >> 20
+                info.name = f"MIG {name}".encode()
+                return info
+        raise nvml.NVMLError_NotSupported()
+
+    def nvmlDeviceGetAttributes(self, handle: object) -> Any:
+        mig = self._mig("nvmlDeviceGetAttributes", handle)
+        spec = self._migs[mig.parent.pos][mig.slot]
+        slices = int(spec.profile.split("g.", 1)[0])
+        return nvml.c_nvmlDeviceAttributes(
+            multiprocessorCount=spec.multiprocessors,
+            sharedCopyEngineCount=spec.copy_engines,
+            sharedDecoderCount=spec.decoders,
+            sharedEncoderCount=spec.encoders,
+            sharedJpegCount=spec.jpeg_engines,
+            sharedOfaCount=spec.ofa_engines,
+            gpuInstanceSliceCount=slices,
+            computeInstanceSliceCount=slices,
+            memorySizeMB=spec.memory >> 20,
+        )
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: object) -> int:
+        return self._mig("nvmlDeviceGetGpuInstanceId", handle).slot + 1
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: object) -> int:
+        self._mig("nvmlDeviceGetComputeInstanceId", handle)
+        return 0
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: object, gi_id: int) -> _GpuInstance:
+        dev, migs = self._mig_specs("nvmlDeviceGetGpuInstanceById", handle)
+        if not 1 <= gi_id <= len(migs):
+            raise nvml.NVMLError_NotFound()
+        return _GpuInstance(parent=dev, gi_id=gi_id)
+
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: object) -> Any:
+        self._enter("nvmlGpuInstanceGetInfo", gpu_instance)
+        if not isinstance(gpu_instance, _GpuInstance):
+            raise nvml.NVMLError_InvalidArgument()
+        pos = gpu_instance.parent.pos
+        spec = self._migs[pos][gpu_instance.gi_id - 1]
+        placement = nvml.c_nvmlGpuInstancePlacement_t(
+            start=spec.placement_start, size=spec.placement_size
+        )
+        return nvml.c_nvmlGpuInstanceInfo_t(
+            id=gpu_instance.gi_id,
+            profileId=self._gi_profiles[pos][spec.profile].id,
+            placement=placement,
+        )
+
+
+class ProfileSysfs:
+    """The :class:`~dra_driver.devices.sysfs.Sysfs` seam answered from the profile."""
+
+    def __init__(self, profile: profiles.Profile) -> None:
+        self._gpus = {nvml.sysfs_bus_id(g.pci_bus_id): g for g in profile.gpus}
+
+    def pcie_root(self, bus_id: str) -> str | None:
+        gpu = self._gpus.get(bus_id)
+        return gpu.pcie_root if gpu is not None else None
+
+    def numa_node(self, bus_id: str) -> int | None:
+        gpu = self._gpus.get(bus_id)
+        return gpu.numa_node if gpu is not None else None

@@ -1,0 +1,69 @@
+"""FakeBackend runs the NVML code path and still reports exactly what each profile describes.
+
+``data/direct/<profile>.json`` was recorded from the earlier FakeBackend, which converted a
+profile into the device model directly (before discovery went through the pynvml stand-in).
+Discovery through NVML must give equal dataclasses for every built-in profile.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.devices import fake, model, profiles
+
+RECORDED = Path(__file__).parent / "data" / "direct"
+
+
+def from_dict(data: dict[str, Any]) -> model.NodeDevices:
+    """Inverse of :func:`model.to_dict` for a recorded NodeDevices."""
+
+    def gpu(g: dict[str, Any]) -> model.Gpu:
+        fields = dict(g)
+        fields["mig_devices"] = tuple(model.MigDevice(**m) for m in g["mig_devices"])
+        fields["nvlinks"] = {int(k): v for k, v in g["nvlinks"].items()}
+        fields["fabric"] = model.FabricInfo(**g["fabric"]) if g["fabric"] else None
+        return model.Gpu(**fields)
+
+    return model.NodeDevices(
+        gpus=tuple(gpu(g) for g in data["gpus"]),
+        pcie_paths={
+            tuple(ast.literal_eval(k)): model.PathType(v) for k, v in data["pcie_paths"].items()
+        },
+    )
+
+
+def test_every_builtin_profile_was_recorded() -> None:
+    assert sorted(p.stem for p in RECORDED.glob("*.json")) == profiles.builtin_names()
+
+
+@pytest.mark.parametrize("name", profiles.builtin_names())
+def test_nvml_path_equals_the_recorded_direct_conversion(name: str) -> None:
+    recorded = from_dict(json.loads((RECORDED / f"{name}.json").read_text()))
+    assert fake.FakeBackend.from_name(name).discover() == recorded
+
+
+def test_from_file_and_profile(tmp_path: Path) -> None:
+    text = (RECORDED.parents[3] / "dra_driver/devices/profiles/pcie-l4.yaml").read_text()
+    path = tmp_path / "l4.yaml"
+    path.write_text(text.replace("numaNode: 1", "numaNode: 0"))
+    backend = fake.FakeBackend.from_file(path)
+    assert backend.profile.name == "pcie-l4"
+    devices = backend.discover()
+    assert [g.numa_node for g in devices.gpus] == [0, 0, 0, 0]
+    assert devices.pcie_path(2, 3) is model.PathType.NODE
+    assert backend.discover() == devices  # repeatable
+
+
+def test_failures_can_be_injected_through_the_backend() -> None:
+    backend = fake.FakeBackend.from_name("h100-nvl-pairs")
+    from dra_driver.devices import nvml
+
+    backend.nvml.fail[3] = nvml.NVMLError_GpuIsLost
+    devices = backend.discover()
+    assert [g.index for g in devices.gpus] == [0, 1, 2]
+    assert devices.gpu(2).nvlinks == {}

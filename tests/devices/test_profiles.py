@@ -1,0 +1,125 @@
+"""The profile format: every shipped profile loads, and every mistake names the file and field."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dra_driver.devices import profiles
+
+REQUIRED = {"dgx-h100", "dgx-1-v100", "h100-nvl-pairs", "pcie-l4", "a100-mig", "gb200-nvl"}
+
+GOOD = """\
+name: my-node
+driverVersion: "580.95.05"
+cudaDriverVersion: "13.0"
+defaults: {productName: NVIDIA L4, brand: Nvidia, architecture: Ada Lovelace,
+           cudaComputeCapability: "8.9", memory: 23034Mi}
+gpus:
+  - {pciBusId: "0000:01:00.0", pcieRoot: pci0000:00, numaNode: 0}
+  - {pciBusId: "0000:81:00.0", pcieRoot: pci0000:80, numaNode: 1}
+"""
+
+
+def test_required_profiles_are_shipped() -> None:
+    assert set(profiles.builtin_names()) >= REQUIRED
+
+
+@pytest.mark.parametrize("name", profiles.builtin_names())
+def test_every_builtin_profile_loads(name: str) -> None:
+    prof = profiles.load_builtin(name)
+    assert prof.name == name
+    assert prof.gpus
+    for pos in range(len(prof.gpus)):
+        assert prof.resolved(pos, "memory") > 0
+        assert prof.gpu_uuid(pos).startswith("GPU-")
+
+
+def test_builtin_profile_facts() -> None:
+    h100 = profiles.load_builtin("dgx-h100")
+    assert len(h100.gpus) == 8
+    assert h100.resolved(0, "product_name") == "NVIDIA H100 80GB HBM3"
+    assert h100.nvlink is not None and h100.nvlink.switched == 18
+    assert [g.numa_node for g in h100.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert len({g.pcie_root for g in h100.gpus}) == 4
+    mig = profiles.load_builtin("a100-mig")
+    assert all(g.mig for g in mig.gpus)
+    assert len({m.profile for g in mig.gpus for m in g.mig or ()}) >= 3
+    gb200 = profiles.load_builtin("gb200-nvl")
+    assert len(gb200.gpus) == 4
+    assert gb200.resolved(0, "fabric") is not None
+
+
+def test_unknown_builtin_lists_the_known_ones() -> None:
+    with pytest.raises(profiles.ProfileError, match=r"unknown fake profile 'dgx-9'.*dgx-h100"):
+        profiles.load_builtin("dgx-9")
+
+
+def test_user_file_loads(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text(GOOD)
+    prof = profiles.load_file(path)
+    assert prof.name == "my-node"
+    assert prof.resolved(1, "memory") == 23034 << 20
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (('pciBusId: "0000:81:00.0"', 'pciBusId: "81:00"'), "gpus.1.pciBusId"),
+        (("memory: 23034Mi", "memory: 23 GB"), "defaults.memory"),
+        (("numaNode: 1", "numaNode: -1"), "gpus.1.numaNode"),
+        (('driverVersion: "580.95.05"', "driverVersion: latest"), "driverVersion"),
+        (("name: my-node", "name: my-node\ncolour: blue"), "colour"),
+        (("brand: Nvidia, ", ""), "gpus[0]: brand is not set"),
+    ],
+)
+def test_errors_name_file_and_field(tmp_path: Path, change: tuple[str, str], field: str) -> None:
+    path = tmp_path / "bad.yaml"
+    assert change[0] in GOOD
+    path.write_text(GOOD.replace(*change))
+    with pytest.raises(profiles.ProfileError) as info:
+        profiles.load_file(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert field in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ("nvlink: {switched: 18, pairs: [{gpus: [0, 1], links: 2}]}", "exactly one of"),
+        ("nvlink: {matrix: [[0, 1], [2, 0]]}", "not symmetric"),
+        ("nvlink: {matrix: [[0, 1]]}", "must be 2x2"),
+        ("nvlink: {pairs: [{gpus: [0, 5], links: 2}]}", "bad GPU pair"),
+    ],
+)
+def test_nvlink_mistakes(tmp_path: Path, extra: str, reason: str) -> None:
+    path = tmp_path / "links.yaml"
+    path.write_text(GOOD + extra + "\n")
+    with pytest.raises(profiles.ProfileError, match=reason) as info:
+        profiles.load_file(path)
+    assert str(path) in str(info.value)
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(profiles.ProfileError, match=r"cannot read profile file .*missing\.yaml"):
+        profiles.load_file(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(profiles.ProfileError, match=re.escape(f"{bad}: not valid YAML")):
+        profiles.load_file(bad)
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(profiles.ProfileError, match="must be a YAML mapping"):
+        profiles.load_file(bad)
+
+
+def test_parse_bytes() -> None:
+    assert profiles.parse_bytes("80Gi") == 80 << 30
+    assert profiles.parse_bytes("4864Mi") == 4864 << 20
+    assert profiles.parse_bytes(1024) == 1024
+    with pytest.raises(ValueError, match="not a byte size"):
+        profiles.parse_bytes("80GB")
