@@ -34,10 +34,28 @@ def configure(*, level: str = "info", fmt: Format = "auto") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_StderrLogger,
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(name)s: %(message)s")
+
+
+class _StderrLogger:
+    """Writes each rendered line to *whatever ``sys.stderr`` is now*.
+
+    structlog's PrintLogger keeps the stream it was created with; loggers bound long ago (in
+    servers, or across test cases that swap stderr) would then write to a closed file.
+    """
+
+    def __init__(self, *_args: object) -> None:
+        pass
+
+    def msg(self, message: str) -> None:
+        stream = sys.stderr
+        stream.write(message + "\n")
+        stream.flush()
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = failure = msg
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:
