@@ -1,0 +1,153 @@
+"""``dra-driver publish``: run the ResourceSlice publisher on its own.
+
+The node agent (``kubelet-plugin``) publishes slices itself; this command runs only that part,
+for clusters that want slices without the kubelet plugin (scheduling experiments, simulators),
+for debugging, and as a one-shot (``--once``) in scripts. It discovers the GPUs, builds the
+desired slices, reconciles them through the real API client (kubeconfig, or in-cluster
+credentials when none is given), and keeps them right until SIGTERM: rediscovering the hardware
+periodically, recreating deleted slices, retrying API failures with backoff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from dra_driver import logs
+from dra_driver.cli import common
+from dra_driver.cli import slices as slices_cli
+from dra_driver.devices import backend
+from dra_driver.kube import client
+from dra_driver.slices import build, publisher
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from dra_driver.cli import env_default
+
+    parser = sub.add_parser("publish", help="publish this node's ResourceSlices and keep them")
+    slices_cli.add_identity_flags(parser)
+    common.add_backend_flags(parser)
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=env_default("KUBECONFIG"),
+        help="kubeconfig file; default: in-cluster service account (env KUBECONFIG)",
+    )
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="reconcile once (retrying failures until --timeout) and exit",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="with --once: give up after this many seconds (default 60)",
+    )
+    parser.add_argument(
+        "--rediscover-interval",
+        type=float,
+        default=float(env_default("REDISCOVER_INTERVAL", "60") or 60),
+        help="seconds between hardware re-discoveries (env REDISCOVER_INTERVAL; default 60)",
+    )
+    parser.add_argument(
+        "--resync-interval",
+        type=float,
+        default=float(env_default("RESYNC_INTERVAL", "600") or 600),
+        help="seconds between full re-lists even without events (env RESYNC_INTERVAL)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.node_name:
+        return common.fail("--node-name (or env NODE_NAME) is required")
+    try:
+        source = common.make_backend(args)
+        desired = _desired(source, args)
+        kube = client.KubeClient.connect(args.kubeconfig)
+    except (common.UsageError, backend.DiscoveryError, build.BuildError) as exc:
+        return common.fail(str(exc))
+    except client.ConfigError as exc:
+        return common.fail(str(exc))
+    pub = publisher.Publisher(
+        kube=kube,
+        driver_name=args.driver_name,
+        node_name=args.node_name,
+        resync_s=args.resync_interval,
+    )
+    pub.set_desired(desired)
+    try:
+        if args.once:
+            return _once(pub, args.timeout)
+        return _forever(pub, source, args, desired)
+    finally:
+        kube.close()
+
+
+def _desired(source: backend.Backend, args: argparse.Namespace) -> list[build.Obj]:
+    result = build.build(source.discover(), node_name=args.node_name, driver_name=args.driver_name)
+    log = logs.get("publish")
+    for problem in result.problems:
+        log.warning("device left out", problem=problem)
+    return result.slices
+
+
+def _once(pub: publisher.Publisher, timeout_s: float) -> int:
+    log = logs.get("publish")
+    backoff = publisher.Backoff(max_s=10.0)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            outcome = pub.reconcile_once()
+        except publisher.PublishError as exc:
+            delay = backoff.next_delay()
+            if time.monotonic() + delay > deadline:
+                return common.fail(f"giving up after {timeout_s:g}s: {exc}", code=1)
+            log.warning("publishing failed; retrying", error=str(exc), retry_in_s=round(delay, 3))
+            time.sleep(delay)
+            continue
+        if outcome.rejected:
+            return common.fail(f"ResourceSlices failed validation: {outcome.rejected}", code=1)
+        log.info(
+            "ResourceSlices published",
+            created=outcome.created,
+            updated=outcome.updated,
+            deleted=outcome.deleted,
+            generation=outcome.generation,
+        )
+        return 0
+
+
+def _forever(
+    pub: publisher.Publisher,
+    source: backend.Backend,
+    args: argparse.Namespace,
+    desired: list[build.Obj],
+) -> int:
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    log = logs.get("publish")
+    pub.start()
+    log.info("publishing ResourceSlices", node=args.node_name, driver=args.driver_name)
+    while not stop.wait(args.rediscover_interval):
+        try:
+            fresh = _desired(source, args)
+        except (backend.DiscoveryError, build.BuildError) as exc:
+            log.error("re-discovery failed; keeping the published slices", error=str(exc))
+            continue
+        if fresh != desired:  # hardware changed: hand over the new desired set
+            desired = fresh
+            pub.set_desired(desired)
+    pub.stop()
+    log.info("publisher stopped")
+    return 0

@@ -1,0 +1,236 @@
+"""The real :class:`~dra_driver.kube.api.KubeApi` adapter: the only module that imports the
+``kubernetes`` client library.
+
+Why it exists: the driver talks to the API server through a narrow port of plain dicts; this
+is its production implementation. It uses the client library only for what is hard to get right
+— kubeconfig / in-cluster configuration, credentials (tokens, exec plugins, client
+certificates, CA bundles) and the pooled HTTP connection — and speaks the REST paths itself:
+requests go through the raw ``ApiClient`` and response bodies are JSON-decoded here, because
+the generated model classes are slow to deserialize and would leak library types into the
+driver. Every failure becomes the port's :class:`~dra_driver.kube.api.ApiError` family, with
+status 0 when the server could not be reached at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import urllib3
+
+from dra_driver.kube import api
+
+_GROUP = "/apis/resource.k8s.io/v1"
+_AUTH = ["BearerToken"]
+
+
+class ConfigError(Exception):
+    """No usable kubeconfig or in-cluster configuration; the message says what is missing."""
+
+
+class KubeClient:
+    """The port over HTTP. Thread-safe: the client library's connection pool is shared."""
+
+    def __init__(self, api_client: Any, *, timeout_s: float = 10.0) -> None:
+        self._client = api_client
+        self._timeout = (min(5.0, timeout_s), timeout_s)
+
+    @classmethod
+    def connect(
+        cls, kubeconfig: Path | None = None, *, context: str | None = None, timeout_s: float = 10.0
+    ) -> KubeClient:
+        """From ``kubeconfig`` (or ``$KUBECONFIG``), else the in-cluster service account."""
+        path = kubeconfig or (
+            Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
+        )
+        configuration = kubernetes.client.Configuration()
+        try:
+            if path is not None:
+                if not path.is_file():
+                    raise ConfigError(f"kubeconfig {path} does not exist")
+                kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=str(path), context=context, client_configuration=configuration
+                )
+            else:
+                kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+        except kubernetes.config.ConfigException as exc:
+            where = f"kubeconfig {path}" if path else "in-cluster configuration"
+            raise ConfigError(f"cannot load {where}: {exc}") from exc
+        # Retry only what is safe to repeat: connecting. A request that may have reached the
+        # server is never re-sent here; the caller's backoff decides.
+        configuration.retries = urllib3.Retry(
+            total=2, connect=2, read=0, status=0, redirect=0, other=0
+        )
+        return cls(kubernetes.client.ApiClient(configuration), timeout_s=timeout_s)
+
+    def close(self) -> None:
+        self._client.close()
+
+    # ------------------------------------------------------------------ the port
+    def get_resource_claim(self, namespace: str, name: str) -> api.Obj:
+        return self._json("GET", f"{_GROUP}/namespaces/{_q(namespace)}/resourceclaims/{_q(name)}")
+
+    def get_node(self, name: str) -> api.Obj:
+        return self._json("GET", f"/api/v1/nodes/{_q(name)}")
+
+    def list_resource_slices(self, *, driver: str, node_name: str) -> tuple[list[api.Obj], str]:
+        query = [("fieldSelector", _selector(driver, node_name))]
+        body = self._json("GET", f"{_GROUP}/resourceslices", query=query)
+        return list(body.get("items") or []), str(
+            (body.get("metadata") or {}).get("resourceVersion") or ""
+        )
+
+    def create_resource_slice(self, obj: api.Obj) -> api.Obj:
+        return self._json("POST", f"{_GROUP}/resourceslices", body=obj)
+
+    def update_resource_slice(self, obj: api.Obj) -> api.Obj:
+        name = obj["metadata"]["name"]
+        return self._json("PUT", f"{_GROUP}/resourceslices/{_q(name)}", body=obj)
+
+    def delete_resource_slice(self, name: str, *, resource_version: str | None = None) -> None:
+        options: api.Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if resource_version:
+            options["preconditions"] = {"resourceVersion": resource_version}
+        self._json("DELETE", f"{_GROUP}/resourceslices/{_q(name)}", body=options)
+
+    def watch_resource_slices(
+        self, *, driver: str, node_name: str, resource_version: str, timeout_s: float
+    ) -> Iterator[api.WatchEvent]:
+        query = [
+            ("fieldSelector", _selector(driver, node_name)),
+            ("watch", "1"),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(max(1, int(timeout_s)))),
+        ]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
+        response = self._request(
+            "GET",
+            f"{_GROUP}/resourceslices",
+            query=query,
+            timeout=(self._timeout[0], timeout_s + 10.0),
+        )
+        return self._events(response)
+
+    # ------------------------------------------------------------------ HTTP
+    def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: api.Obj | None = None,
+    ) -> api.Obj:
+        response = self._request(method, path, query=query, body=body)
+        try:
+            data = response.data
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise api.ApiError(0, f"{method} {path}: connection lost reading reply: {exc}") from exc
+        finally:
+            response.release_conn()
+        try:
+            decoded = json.loads(data) if data else {}
+        except ValueError as exc:
+            raise api.ApiError(response.status, f"{method} {path}: reply is not JSON") from exc
+        if not isinstance(decoded, dict):
+            raise api.ApiError(response.status, f"{method} {path}: reply is not a JSON object")
+        return decoded
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: api.Obj | None = None,
+        timeout: tuple[float, float] | None = None,
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            request = self._client.param_serialize(
+                method,
+                path,
+                query_params=query or [],
+                header_params=headers,
+                body=body,
+                auth_settings=_AUTH,
+            )
+            result = self._client.call_api(*request, _request_timeout=timeout or self._timeout)
+        except kubernetes.client.exceptions.ApiException as exc:
+            raise api.ApiError(exc.status or 0, f"{method} {path}: {exc.reason}") from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise api.ApiError(0, f"{method} {path}: API server unreachable: {exc}") from exc
+        response = result.response
+        if not 200 <= response.status < 300:
+            try:
+                data = response.data
+            except (urllib3.exceptions.HTTPError, OSError):
+                data = b""
+            finally:
+                response.release_conn()
+            raise _error(method, path, response.status, data)
+        return response
+
+    def _events(self, response: Any) -> Iterator[api.WatchEvent]:
+        buffer = b""
+        try:
+            for chunk in response.stream(65536):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield _event(line)
+            if buffer.strip():
+                yield _event(buffer)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise api.ApiError(0, f"watch of resourceslices broke off: {exc}") from exc
+        finally:
+            response.release_conn()
+
+
+def _q(segment: str) -> str:
+    return urllib.parse.quote(segment, safe="")
+
+
+def _selector(driver: str, node_name: str) -> str:
+    terms = [
+        f"spec.driver={driver}" if driver else "",
+        f"spec.nodeName={node_name}" if node_name else "",
+    ]
+    return ",".join(t for t in terms if t)
+
+
+def _event(line: bytes) -> api.WatchEvent:
+    try:
+        raw = json.loads(line)
+        return api.WatchEvent(raw["type"], raw["object"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise api.ApiError(0, f"watch of resourceslices sent an unreadable event: {exc}") from exc
+
+
+def _error(method: str, path: str, status: int, data: bytes) -> api.ApiError:
+    """The port's error for a non-2xx reply, with the server's Status message."""
+    message, reason = "", ""
+    try:
+        body = json.loads(data) if data else {}
+        if isinstance(body, dict):
+            message, reason = str(body.get("message") or ""), str(body.get("reason") or "")
+    except ValueError:
+        message = data[:200].decode(errors="replace")
+    text = message or f"{method} {path}: HTTP {status}"
+    if status == 404:
+        return api.NotFound(text)
+    if status == 409:
+        return api.Conflict(text, reason=reason or "Conflict")
+    if status in (400, 422):
+        return api.Invalid(text, status=status)
+    return api.ApiError(status, text, reason=reason)

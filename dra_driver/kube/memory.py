@@ -1,0 +1,205 @@
+"""An in-memory Kubernetes API implementing the driver's :class:`~dra_driver.kube.api.KubeApi`.
+
+Why it exists: no API server can be installed here, so this is the API every test and the demo
+talk to, and it is only worth what it agrees with the real server on. It keeps the server's
+behaviour where the driver depends on it: one global ``resourceVersion`` counter, 409 on a stale
+update or delete precondition and on creating an existing name, 404, ``generateName``,
+``metadata.generation`` bumped on spec changes, no-op updates that change nothing, watch events
+from a given resourceVersion (410 when it is too old), field-selector filtering, strict decoding,
+validation and defaulting (tests hold it to recorded server verdicts), owner-reference garbage
+collection when a Node goes, and injected failures (5xx, 409, 0 = unreachable). Test helpers
+(``put_*``, ``calls``, ``writes``) are outside the port. Thread-safe: one lock.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+
+from dra_driver.kube import api, memstate, schema, serverbits
+from dra_driver.kube.memstate import WRITE_METHODS, Call
+from dra_driver.slices import validate as slice_validate
+
+Obj = api.Obj
+_SLICES = serverbits.SLICES
+__all__ = ["WRITE_METHODS", "Call", "InMemoryApi"]
+
+
+class InMemoryApi(memstate.ClusterState):
+    """The API server's ResourceSlices, ResourceClaims, DeviceClasses, Nodes and Namespaces."""
+
+    # ------------------------------------------------------------------ the KubeApi port
+    def list_resource_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:
+        with self._lock:
+            self._enter("list_resource_slices", node_name)
+            items = [
+                copy.deepcopy(s)
+                for _, s in sorted(self._slices.items())
+                if serverbits.slice_selected(s, driver, node_name)
+            ]
+            self.calls.append(Call("list_resource_slices", node_name, 200))
+            return items, str(self._rv)
+
+    def create_resource_slice(self, obj: Obj) -> Obj:
+        method = "create_resource_slice"
+        with self._lock:
+            new = self._decode_input(method, obj, "ResourceSlice")
+            meta = new["metadata"]
+            self._enter(method, meta.get("name") or meta.get("generateName") or "")
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = serverbits.generate_name(
+                    meta["generateName"], self._slices, self._rng
+                )
+            self._check(method, slice_validate.validate(new), "ResourceSlice", meta)
+            name = meta["name"]
+            if name in self._slices:
+                raise self._fail(method, name, 409, f'{_SLICES} "{name}" already exists')
+            serverbits.fill_taint_times(new)
+            new = schema.storage_form("ResourceSlice", new)
+            meta = new["metadata"]
+            self._new_meta(new)
+            self._slices[name] = new
+            self._log.append("ADDED", new)
+            return self._ok(method, name, new, 201)
+
+    def update_resource_slice(self, obj: Obj) -> Obj:
+        method = "update_resource_slice"
+        with self._lock:
+            new = self._decode_input(method, obj, "ResourceSlice")
+            meta = new["metadata"]
+            name = meta.get("name") or ""
+            self._enter(method, name)
+            old = self._slices.get(name)
+            if old is None:
+                raise self._fail(method, name, 404, f'{_SLICES} "{name}" not found')
+            self._precondition(method, name, old, meta.get("resourceVersion"), meta.get("uid"))
+            self._check(method, slice_validate.validate_update(old, new), "ResourceSlice", meta)
+            serverbits.fill_taint_times(new, old)
+            new = schema.storage_form("ResourceSlice", new)
+            meta = new["metadata"]
+            for key in ("uid", "creationTimestamp", "generation"):
+                meta[key] = old["metadata"].get(key)
+            meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+            if new == old:  # the server turns an update that changes nothing into a no-op
+                return self._ok(method, name, old)
+            if new.get("spec") != old.get("spec"):
+                meta["generation"] = int(meta.get("generation") or 0) + 1
+            meta["resourceVersion"] = self._next_rv()
+            self._slices[name] = new
+            self._log.append("MODIFIED", new)
+            return self._ok(method, name, new)
+
+    def delete_resource_slice(self, name: str, *, resource_version: str | None = None) -> None:
+        method = "delete_resource_slice"
+        with self._lock:
+            self._enter(method, name)
+            old = self._slices.get(name)
+            if old is None:
+                raise self._fail(method, name, 404, f'{_SLICES} "{name}" not found')
+            self._precondition(method, name, old, resource_version, None, deleting=True)
+            self._remove_slice(name)
+            self.calls.append(Call(method, name, 200))
+
+    def watch_resource_slices(
+        self, *, driver: str, node_name: str, resource_version: str, timeout_s: float
+    ) -> Iterator[api.WatchEvent]:
+        with self._lock:
+            self._enter("watch_resource_slices", node_name)
+            self.calls.append(Call("watch_resource_slices", node_name, 200))
+            start = int(resource_version) if resource_version not in ("", "0") else None
+            initial = (
+                []
+                if start is not None
+                else [
+                    copy.deepcopy(s)
+                    for s in self._slices.values()
+                    if serverbits.slice_selected(s, driver, node_name)
+                ]
+            )
+            return self._log.watch(
+                position=start if start is not None else self._rv,
+                initial=initial,
+                deadline=time.monotonic() + timeout_s,
+                selected=lambda obj: serverbits.slice_selected(obj, driver, node_name),
+            )
+
+    # ------------------------------------------------------------------ beyond the port
+    def get_resource_slice(self, name: str) -> Obj:
+        with self._lock:
+            found = self._slices.get(name)
+            if found is None:
+                raise api.NotFound(f'{_SLICES} "{name}" not found')
+            return copy.deepcopy(found)
+
+    def all_resource_slices(self) -> list[Obj]:
+        """Every slice of every driver and node, sorted by name (no call recorded)."""
+        with self._lock:
+            return [copy.deepcopy(s) for _, s in sorted(self._slices.items())]
+
+    def put_resource_slice(self, obj: Obj) -> Obj:
+        """Test helper: write a slice as another client would (validated, not counted)."""
+        with self._lock:
+            name = obj["metadata"]["name"]
+            saved, faults = list(self.calls), self._faults
+            self._faults = []
+            try:
+                if name in self._slices:
+                    new = copy.deepcopy(obj)
+                    new["metadata"].pop("resourceVersion", None)
+                    return self.update_resource_slice(new)
+                return self.create_resource_slice(obj)
+            finally:
+                self.calls, self._faults = saved, faults
+
+    def remove_resource_slice(self, name: str) -> None:
+        """Test helper: delete a slice as another client would (not counted)."""
+        with self._lock:
+            if name not in self._slices:
+                raise api.NotFound(f'{_SLICES} "{name}" not found')
+            self._remove_slice(name)
+
+    def end_watches(self) -> None:
+        """Close every open watch stream (as a server restart or timeout would)."""
+        with self._lock:
+            self._log.end_watches()
+
+    def close(self) -> None:
+        with self._lock:
+            self._log.close()
+
+    @property
+    def writes(self) -> int:
+        """Create/update/delete calls on ResourceSlices so far, failed ones included."""
+        with self._lock:
+            return sum(1 for c in self.calls if c.method in WRITE_METHODS)
+
+    @property
+    def resource_version(self) -> str:
+        with self._lock:
+            return str(self._rv)
+
+    # ------------------------------------------------------------------ internals
+    def _precondition(
+        self,
+        method: str,
+        name: str,
+        old: Obj,
+        rv: str | None,
+        uid: str | None,
+        *,
+        deleting: bool = False,
+    ) -> None:
+        current, current_uid = old["metadata"]["resourceVersion"], old["metadata"]["uid"]
+        if uid and uid != current_uid:
+            detail = f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+            raise self._fail(
+                method, name, 409, serverbits.conflict_message(name, detail + current_uid)
+            )
+        if rv and rv != current:
+            message = (
+                serverbits.stale_delete(name, rv, current)
+                if deleting
+                else serverbits.stale_update(name)
+            )
+            raise self._fail(method, name, 409, message)

@@ -1,0 +1,88 @@
+"""Small pieces of API-server behaviour shared by the in-memory API, the fake HTTP server and
+the real client adapter.
+
+Why it exists: the HTTP status → port error mapping must be the same whether the error came
+from the fake or over the wire, and the bits of bookkeeping the server does on a write
+(``generateName`` suffixes, ``timeAdded`` on taints, the 409 messages, the field-selector match)
+are facts about the server, not about any one fake. Pure functions, no client library.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+from collections.abc import Container
+from typing import Any
+
+from dra_driver.kube import api
+
+# What the server's generateName suffix draws from (no vowels, no confusable characters).
+NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+SLICES = "resourceslices.resource.k8s.io"
+
+
+def now() -> str:
+    """The current time as the server writes timestamps (RFC 3339, seconds, UTC)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def error_for(status: int, message: str, reason: str = "") -> api.ApiError:
+    """The port's error for an HTTP status and the server's Status message."""
+    if status == 404:
+        return api.NotFound(message)
+    if status == 409:
+        guessed = "AlreadyExists" if "already exists" in message else "Conflict"
+        return api.Conflict(message, reason=reason or guessed)
+    if status in (400, 422):
+        return api.Invalid(message, status=status)
+    return api.ApiError(status, message, reason=reason or ("" if status == 0 else "InternalError"))
+
+
+def generate_name(prefix: str, taken: Container[str], rng: random.Random) -> str:
+    """``prefix`` plus five random characters, not already in ``taken``."""
+    while True:
+        name = prefix + "".join(rng.choice(NAME_CHARS) for _ in range(5))
+        if name not in taken:
+            return name
+
+
+def conflict_message(name: str, detail: str) -> str:
+    return f'Operation cannot be fulfilled on {SLICES} "{name}": {detail}'
+
+
+def stale_update(name: str) -> str:
+    return conflict_message(
+        name,
+        "the object has been modified; please apply your changes to the latest version and "
+        "try again",
+    )
+
+
+def stale_delete(name: str, wanted: str, current: str) -> str:
+    return conflict_message(
+        name,
+        f"Precondition failed: ResourceVersion in precondition: {wanted}, "
+        f"ResourceVersion in object meta: {current}",
+    )
+
+
+def fill_taint_times(new: api.Obj, old: api.Obj | None = None) -> None:
+    """Taints without ``timeAdded`` get one: the old one when the same taint was there."""
+    before: dict[tuple[Any, Any, Any], Any] = {}
+    for device in ((old or {}).get("spec") or {}).get("devices") or ():
+        for taint in device.get("taints") or ():
+            key = (device.get("name"), taint.get("key"), taint.get("effect"))
+            before[key] = taint.get("timeAdded")
+    for device in (new.get("spec") or {}).get("devices") or ():
+        for taint in device.get("taints") or ():
+            if not taint.get("timeAdded"):
+                key = (device.get("name"), taint.get("key"), taint.get("effect"))
+                taint["timeAdded"] = before.get(key) or now()
+
+
+def slice_selected(obj: api.Obj, driver: str, node_name: str) -> bool:
+    """The ``spec.driver`` / ``spec.nodeName`` field selectors; empty = no condition."""
+    spec = obj.get("spec") or {}
+    return (not driver or spec.get("driver") == driver) and (
+        not node_name or spec.get("nodeName") == node_name
+    )

@@ -1,0 +1,1 @@
+"""ResourceSlices: build them from the device model, validate them, publish them."""

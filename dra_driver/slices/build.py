@@ -1,0 +1,241 @@
+"""Turn a node's device model into the ResourceSlices the driver publishes (a pure function).
+
+Why it exists: this is the one place that decides what the scheduler sees of a node — device
+names, the attribute schema (docs/attributes.md), the NVLink/NUMA topology attributes that make
+topology-aware claims possible, and how a pool is split over slices within the API limits.
+Same hardware in, byte-identical slices out (devices sorted, maps built in a fixed order), so a
+restart changes nothing and the publisher writes nothing. A device that would break an API rule
+is left out and reported, so one bad device never hides the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+from dra_driver.allocation import semver
+from dra_driver.devices import model, topology
+from dra_driver.slices import validate
+
+DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
+STANDARD_DOMAIN = "resource.kubernetes.io"
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+_BINARY = ((60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki"))
+_DECIMAL = ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k"))
+
+Obj = dict[str, Any]
+
+
+class BuildError(ValueError):
+    """The node or driver name cannot make a valid ResourceSlice at all."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Build:
+    """The desired slices of one node, and what had to be left out (one line per problem)."""
+
+    slices: list[Obj]
+    problems: list[str]
+
+
+def build(
+    devices: model.NodeDevices,
+    *,
+    node_name: str,
+    driver_name: str = DEFAULT_DRIVER_NAME,
+    node_uid: str | None = None,
+    generation: int = 1,
+) -> Build:
+    """The complete desired set of ResourceSlices for ``node_name``: one pool named after it.
+
+    Raises :class:`BuildError` when the node or driver name itself breaks an API rule.
+    """
+    empty = validate.validate(_slice(node_name, driver_name, [], 0, 1, generation, node_uid))
+    if empty:
+        raise BuildError(
+            f"cannot publish ResourceSlices for node {node_name!r} with driver "
+            f"{driver_name!r}: " + "; ".join(str(e) for e in empty)
+        )
+    problems: list[str] = []
+    entries = device_entries(devices, problems)
+    kept: list[Obj] = []
+    for device in entries:
+        errors = validate.validate(_slice(node_name, driver_name, [device], 0, 1, generation, None))
+        if errors:
+            problems.append(
+                f"device {device['name']!r} left out of the ResourceSlice: "
+                + "; ".join(str(e) for e in errors)
+            )
+        else:
+            kept.append(device)
+    chunks = split(kept)
+    slices = [
+        _slice(node_name, driver_name, chunk, i, len(chunks), generation, node_uid)
+        for i, chunk in enumerate(chunks)
+    ]
+    return Build(slices=slices, problems=problems)
+
+
+def split(devices: list[Obj]) -> list[list[Obj]]:
+    """Consecutive chunks within the per-slice device limit; an empty pool is one empty slice."""
+    chunks: list[list[Obj]] = []
+    current: list[Obj] = []
+    special = False  # whether ``current`` holds a device that lowers the limit to 64
+    for device in devices:
+        lowers = validate.uses_special_limit(device)
+        limit = validate.MAX_DEVICES_SPECIAL if (special or lowers) else validate.MAX_DEVICES
+        if len(current) + 1 > limit:
+            chunks.append(current)
+            current, special = [], False
+        current.append(device)
+        special = special or lowers
+    if current or not chunks:
+        chunks.append(current)
+    return chunks
+
+
+def slice_name(node_name: str, driver_name: str, index: int) -> str:
+    """``<node>-<driver>-<index>``, shortened with a hash when it would exceed 253 characters."""
+    name = f"{node_name}-{driver_name.lower()}-{index}"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(f"{node_name}/{driver_name}".encode()).hexdigest()[:10]
+    return f"{node_name[:200].rstrip('-.')}-{digest}-{index}"
+
+
+def device_entries(devices: model.NodeDevices, problems: list[str] | None = None) -> list[Obj]:
+    """The ``spec.devices`` entries of the pool, sorted by GPU minor, MIG placement."""
+    problems = problems if problems is not None else []
+    topo = topology.build(devices)
+    out: list[Obj] = []
+    for gpu in sorted(devices.gpus, key=lambda g: (g.minor, g.index)):
+        if gpu.mig_enabled:
+            for mig in sorted(gpu.mig_devices, key=lambda m: (m.placement_start, m.uuid)):
+                out.append(_mig_device(gpu, mig, problems))
+        else:
+            out.append(_gpu_device(gpu, topo, problems))
+    return out
+
+
+def normalize_version(text: str) -> str:
+    """A version as valid semver: "580.95.05" → "580.95.5", "9.0" → "9.0.0"."""
+    return semver.parse_semver(text, normalize=True).canonical()
+
+
+def bytes_quantity(value: int) -> str:
+    """Bytes in the API server's canonical form ("80Gi", "4864Mi", "1000")."""
+    for shift, suffix in _BINARY:
+        if value and value % (1 << shift) == 0:
+            return f"{value >> shift}{suffix}"
+    return str(value)
+
+
+def count_quantity(value: int) -> str:
+    """A count in the API server's canonical form ("7", "2k")."""
+    for exponent, suffix in _DECIMAL:
+        if value and value % 10**exponent == 0:
+            return f"{value // 10**exponent}{suffix}"
+    return str(value)
+
+
+def _common(gpu: model.Gpu, attrs: Obj, problems: list[str], device: str) -> None:
+    """Attributes a GPU and its MIG devices share: product, versions, PCI and NUMA place."""
+    attrs["productName"] = {"string": gpu.product_name}
+    attrs["brand"] = {"string": gpu.brand}
+    attrs["architecture"] = {"string": gpu.architecture}
+    for key, raw in (
+        ("cudaComputeCapability", gpu.cuda_compute_capability),
+        ("driverVersion", gpu.driver_version),
+        ("cudaDriverVersion", gpu.cuda_driver_version),
+    ):
+        try:
+            attrs[key] = {"version": normalize_version(raw)}
+        except semver.SemverError as exc:
+            problems.append(f"device {device!r}: attribute {key} omitted: {exc}")
+    attrs[PCI_BUS_ID] = {"string": gpu.pci_bus_id}
+    if gpu.pcie_root is not None:
+        attrs[PCIE_ROOT] = {"string": gpu.pcie_root}
+    if gpu.numa_node is not None:
+        attrs[NUMA_NODE] = {"int": gpu.numa_node}
+
+
+def _gpu_device(gpu: model.Gpu, topo: topology.Topology, problems: list[str]) -> Obj:
+    attrs: Obj = {"type": {"string": "gpu"}, "uuid": {"string": gpu.uuid}}
+    _common(gpu, attrs, problems, gpu.name)
+    island = topo.island_of.get(gpu.index)
+    if island is not None:
+        attrs["nvlinkIsland"] = {"string": island}
+    attrs["nvlinkLinks"] = {"int": gpu.active_links}
+    fabric = gpu.fabric
+    if fabric is not None and fabric.state == "completed" and fabric.cluster_uuid:
+        attrs["nvlinkClique"] = {"string": f"{fabric.cluster_uuid}.{fabric.clique_id}"}
+    return {
+        "name": gpu.name,
+        "attributes": _sorted(attrs),
+        "capacity": {"memory": {"value": bytes_quantity(gpu.memory_bytes)}},
+    }
+
+
+def _mig_device(gpu: model.Gpu, mig: model.MigDevice, problems: list[str]) -> Obj:
+    name = model.mig_device_name(gpu, mig)
+    attrs: Obj = {
+        "type": {"string": "mig"},
+        "uuid": {"string": mig.uuid},
+        "parentUUID": {"string": gpu.uuid},
+        "profile": {"string": mig.profile},
+    }
+    _common(gpu, attrs, problems, name)
+    capacity = {
+        "memory": bytes_quantity(mig.memory_bytes),
+        "multiprocessors": count_quantity(mig.multiprocessors),
+        "copyEngines": count_quantity(mig.copy_engines),
+        "decoders": count_quantity(mig.decoders),
+        "encoders": count_quantity(mig.encoders),
+        "jpegEngines": count_quantity(mig.jpeg_engines),
+        "ofaEngines": count_quantity(mig.ofa_engines),
+    }
+    return {
+        "name": name,
+        "attributes": _sorted(attrs),
+        "capacity": {k: {"value": v} for k, v in sorted(capacity.items())},
+    }
+
+
+def _sorted(attrs: Obj) -> Obj:
+    return dict(sorted(attrs.items()))
+
+
+def _slice(
+    node_name: str,
+    driver_name: str,
+    devices: list[Obj],
+    index: int,
+    count: int,
+    generation: int,
+    node_uid: str | None,
+) -> Obj:
+    metadata: Obj = {"name": slice_name(node_name, driver_name, index)}
+    if node_uid is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": node_name,
+                "uid": node_uid,
+                "controller": True,
+            }
+        ]
+    return {
+        "apiVersion": validate.API_VERSION,
+        "kind": validate.KIND,
+        "metadata": metadata,
+        "spec": {
+            "driver": driver_name,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": count},
+            "devices": devices,
+        },
+    }

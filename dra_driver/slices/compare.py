@@ -1,0 +1,73 @@
+"""How the publisher decides whether a ResourceSlice on the server equals the desired one.
+
+Why it exists: "zero writes when nothing changed" depends on comparing what we want with what
+the server stores, and the server stores more than we sent (uid, resourceVersion, taint
+``timeAdded``, other clients' labels) and may spell quantities differently ("1024Mi" vs "1Gi").
+These pure functions define equality for the publisher: spec content without the pool
+generation, quantities by value, metadata only where we set it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from dra_driver.allocation import quantity
+from dra_driver.kube import api
+
+
+def carry_server_fields(obj: api.Obj, current: api.Obj | None) -> None:
+    """Keep what the server or other clients filled in (taint ``timeAdded``, labels and
+    annotations we do not set) so it is neither seen as a change nor overwritten."""
+    if current is None:
+        return
+    meta, theirs = obj["metadata"], current.get("metadata") or {}
+    for field in ("labels", "annotations"):
+        merged = {**(theirs.get(field) or {}), **(meta.get(field) or {})}
+        if merged:
+            meta[field] = merged
+    times = {
+        (d.get("name"), t.get("key"), t.get("effect")): t.get("timeAdded")
+        for d in (current.get("spec") or {}).get("devices") or ()
+        for t in d.get("taints") or ()
+    }
+    for device in obj["spec"].get("devices") or ():
+        for taint in device.get("taints") or ():
+            if not taint.get("timeAdded"):
+                found = times.get((device.get("name"), taint.get("key"), taint.get("effect")))
+                if found:
+                    taint["timeAdded"] = found
+
+
+def content(obj: api.Obj) -> Any:
+    """The spec without the pool generation, quantities compared by value."""
+    spec = copy.deepcopy(obj.get("spec") or {})
+    pool = spec.get("pool") or {}
+    pool.pop("generation", None)
+    return _canonical(spec)
+
+
+def _canonical(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):  # empty and null fields are what the server leaves out
+        return {k: _canonical(v, k) for k, v in value.items() if v not in (None, [], {})}
+    if isinstance(value, list):
+        return [_canonical(v, key) for v in value]
+    if key == "value" and isinstance(value, str):
+        try:
+            return quantity.parse_quantity(value).nanos
+        except quantity.QuantityError:
+            return value
+    return value
+
+
+def pool(obj: api.Obj) -> Any:
+    return (obj.get("spec") or {}).get("pool")
+
+
+def meta(obj: api.Obj) -> Any:
+    meta = obj.get("metadata") or {}
+    return (
+        {k: v for k, v in (meta.get("labels") or {}).items()},
+        {k: v for k, v in (meta.get("annotations") or {}).items()},
+        meta.get("ownerReferences") or [],
+    )

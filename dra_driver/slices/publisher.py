@@ -1,0 +1,369 @@
+"""Keep the API server's ResourceSlices of this driver on this node equal to a desired set.
+
+Why it exists: publishing is declarative — the node agent hands over the complete desired set
+(from :mod:`dra_driver.slices.build`) whenever the hardware may have changed, and this
+controller makes the server match: create what is missing, update what differs, delete what is
+stale (only this driver's slices on this node), recreate what someone deleted (a watch, plus a
+periodic resync), and write **nothing** when nothing changed. The pool generation is bumped on
+any change so the scheduler never mixes old and new slices. Failures are retried with capped
+exponential backoff and jitter (clock, sleep and randomness injectable for tests); a 409 re-reads
+and retries at once; each failure is logged once per backoff step, naming the slice.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from dra_driver import logs
+from dra_driver.devices import model
+from dra_driver.kube import api
+from dra_driver.slices import build, compare, validate
+
+CONFLICT_RETRIES = 3
+
+
+class Log(Protocol):
+    def info(self, event: str, **kw: Any) -> Any: ...
+    def warning(self, event: str, **kw: Any) -> Any: ...
+    def error(self, event: str, **kw: Any) -> Any: ...
+
+
+@dataclasses.dataclass(slots=True)
+class Backoff:
+    """Capped exponential backoff with "equal jitter": half fixed, half random."""
+
+    initial_s: float = 0.5
+    max_s: float = 60.0
+    factor: float = 2.0
+    rng: random.Random = dataclasses.field(default_factory=random.Random)
+    step: int = 0
+
+    def next_delay(self) -> float:
+        base = min(self.max_s, self.initial_s * self.factor**self.step)
+        self.step += 1
+        return base / 2 + self.rng.uniform(0, base / 2)
+
+    def reset(self) -> None:
+        self.step = 0
+
+
+class PublishError(Exception):
+    """One API call of a reconcile failed; names the slice and the operation."""
+
+    def __init__(self, op: str, slice_name: str, cause: api.ApiError) -> None:
+        super().__init__(f"{op} ResourceSlice {slice_name!r} failed: {cause}")
+        self.op, self.slice_name, self.cause = op, slice_name, cause
+
+
+@dataclasses.dataclass(slots=True)
+class Outcome:
+    """What one reconcile pass did."""
+
+    created: list[str] = dataclasses.field(default_factory=list)
+    updated: list[str] = dataclasses.field(default_factory=list)
+    deleted: list[str] = dataclasses.field(default_factory=list)
+    rejected: list[str] = dataclasses.field(default_factory=list)  # failed local validation
+    generation: int = 0
+    resource_version: str = ""
+
+    @property
+    def writes(self) -> int:
+        return len(self.created) + len(self.updated) + len(self.deleted)
+
+
+class Publisher:
+    """Reconciles one node's slices of one driver; :meth:`run` in a thread, stop by event."""
+
+    def __init__(
+        self,
+        *,
+        kube: api.KubeApi,
+        driver_name: str,
+        node_name: str,
+        backoff: Backoff | None = None,
+        resync_s: float = 600.0,
+        watch_timeout_s: float = 60.0,
+        sleep: Callable[[float], None] | None = None,
+        log: Log | None = None,
+    ) -> None:
+        self._api = kube
+        self.driver_name, self.node_name = driver_name, node_name
+        self._backoff = backoff or Backoff()
+        self._resync_s, self._watch_timeout_s = resync_s, watch_timeout_s
+        self.log: Log = log or logs.get("publisher").bind(node=node_name, driver=driver_name)
+        self._lock = threading.Lock()
+        self._desired: list[api.Obj] | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._sleep = sleep or (lambda s: self._wake.wait(s) and None)
+        self._known: dict[str, str] = {}  # slice name -> resourceVersion we last saw or wrote
+        self._watch_from: str | None = None
+        self._node_uid: str | None = None
+        self._last_generation = 0  # generations only go up, even after our slices vanished
+        self.synced = threading.Event()
+        self.passes = 0
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ control
+    def set_desired(self, slices: Iterable[api.Obj]) -> None:
+        """Hand over the complete desired set (as built); reconciles soon after."""
+        with self._lock:
+            self._desired = [copy.deepcopy(s) for s in slices]
+        self.synced.clear()
+        self._wake.set()
+
+    def start(self) -> None:
+        """Run the reconcile loop and the watch in daemon threads."""
+        for target, name in ((self.run, "slice-publisher"), (self._watch_loop, "slice-watch")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop reconciling. The watch thread (a daemon) cannot be interrupted inside a
+        blocking watch call; it is not waited for and ends with its current watch."""
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            thread.join(timeout_s if thread.name == "slice-publisher" else 0.05)
+
+    def run(self) -> None:
+        """Reconcile until stopped: after each success wait for a change, a watch event or
+        the resync period; after a failure wait the backoff delay."""
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.reconcile_once()
+            except PublishError as exc:
+                delay = self._backoff.next_delay()
+                self.log.warning(
+                    "publishing ResourceSlice failed",
+                    slice=exc.slice_name,
+                    op=exc.op,
+                    status=exc.cause.status,
+                    error=str(exc.cause),
+                    retry_in_s=round(delay, 3),
+                    attempt=self._backoff.step,
+                )
+                self._sleep(delay)
+                continue
+            self._backoff.reset()
+            self._wake.wait(self._resync_s)
+
+    # ------------------------------------------------------------------ one pass
+    def reconcile_once(self) -> Outcome:
+        """Make the server match the desired set once; raises :class:`PublishError`."""
+        with self._lock:
+            desired = self._desired
+        if desired is None:
+            return Outcome()
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                outcome = self._pass(copy.deepcopy(desired))
+            except PublishError as exc:
+                if exc.cause.status != 409 or attempt == CONFLICT_RETRIES:
+                    raise
+                self.log.info(
+                    "conflict; re-reading ResourceSlices", slice=exc.slice_name, op=exc.op
+                )
+                continue
+            self.passes += 1
+            if outcome.writes:
+                self.log.info(
+                    "ResourceSlices reconciled",
+                    created=outcome.created,
+                    updated=outcome.updated,
+                    deleted=outcome.deleted,
+                    generation=outcome.generation,
+                )
+            with self._lock:
+                current = self._desired is desired
+            if current and not outcome.rejected:
+                self.synced.set()
+            return outcome
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _pass(self, desired: list[api.Obj]) -> Outcome:
+        try:
+            actual_list, list_rv = self._api.list_resource_slices(
+                driver=self.driver_name, node_name=self.node_name
+            )
+        except api.ApiError as exc:
+            raise PublishError("list", "*", exc) from exc
+        actual = {s["metadata"]["name"]: s for s in actual_list}
+        outcome = Outcome(resource_version=list_rv)
+        self._add_owner(desired)
+        wanted: dict[str, api.Obj] = {}
+        for obj in desired:
+            name = obj["metadata"]["name"]
+            errors = validate.validate(obj)
+            if errors:
+                outcome.rejected.append(name)
+                self.log.error(
+                    "ResourceSlice fails API validation; not sent",
+                    slice=name,
+                    errors=[str(e) for e in errors],
+                )
+                continue
+            compare.carry_server_fields(obj, actual.get(name))
+            wanted[name] = obj
+        generations = {
+            int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+            for s in actual.values()
+        }
+        content_same = (
+            set(wanted) == set(actual)
+            and len(generations) == 1
+            and all(compare.content(wanted[n]) == compare.content(actual[n]) for n in wanted)
+        )
+        if content_same:
+            generation = generations.pop()
+        else:
+            generation = max(generations | {self._last_generation}) + 1
+        outcome.generation = self._last_generation = generation
+        for name, obj in sorted(wanted.items()):
+            obj["spec"]["pool"]["generation"] = generation
+            current = actual.get(name)
+            if current is None:
+                self._write("create", obj, outcome.created)
+            elif (
+                compare.content(obj) != compare.content(current)
+                or compare.pool(obj) != compare.pool(current)
+                or compare.meta(obj) != compare.meta(current)
+            ):
+                obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                self._write("update", obj, outcome.updated)
+            else:
+                self._known[name] = current["metadata"]["resourceVersion"]
+        for name in sorted(set(actual) - set(wanted)):
+            rv = actual[name]["metadata"]["resourceVersion"]
+            try:
+                self._api.delete_resource_slice(name, resource_version=rv)
+            except api.NotFound:
+                pass
+            except api.ApiError as exc:
+                raise PublishError("delete", name, exc) from exc
+            self._known.pop(name, None)
+            outcome.deleted.append(name)
+        self._watch_from = self._watch_from or list_rv
+        return outcome
+
+    def _write(self, op: str, obj: api.Obj, done: list[str]) -> None:
+        name = obj["metadata"]["name"]
+        try:
+            if op == "create":
+                result = self._api.create_resource_slice(obj)
+            else:
+                result = self._api.update_resource_slice(obj)
+        except api.NotFound as exc:  # deleted under us: re-read, then create
+            raise PublishError(op, name, api.Conflict(str(exc))) from exc
+        except api.ApiError as exc:
+            raise PublishError(op, name, exc) from exc
+        self._known[name] = str(result.get("metadata", {}).get("resourceVersion", ""))
+        done.append(name)
+
+    def _add_owner(self, desired: list[api.Obj]) -> None:
+        """Owner reference to our Node (slices go when the node goes), when we can learn it."""
+        if all(s["metadata"].get("ownerReferences") for s in desired):
+            return
+        if self._node_uid is None:
+            try:
+                self._node_uid = self._api.get_node(self.node_name)["metadata"]["uid"]
+            except api.ApiError as exc:
+                self.log.warning("cannot read Node for owner reference", error=str(exc))
+                return
+        for obj in desired:
+            obj["metadata"].setdefault(
+                "ownerReferences",
+                [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": self.node_name,
+                        "uid": self._node_uid,
+                        "controller": True,
+                    }
+                ],
+            )
+
+    # ------------------------------------------------------------------ watch
+    def _watch_loop(self) -> None:
+        """Wake the reconcile loop when someone else changes or deletes one of our slices."""
+        failures = Backoff(initial_s=0.2, max_s=30.0)
+        while not self._stop.is_set():
+            start = self._watch_from
+            if start is None:
+                self._stop.wait(0.05)
+                continue
+            began = time.monotonic()
+            try:
+                for event in self._api.watch_resource_slices(
+                    driver=self.driver_name,
+                    node_name=self.node_name,
+                    resource_version=start,
+                    timeout_s=self._watch_timeout_s,
+                ):
+                    if self._stop.is_set():
+                        return
+                    if not self._handle(event):
+                        break
+                if time.monotonic() - began < min(1.0, self._watch_timeout_s / 2):
+                    self._stop.wait(failures.next_delay())  # a server ending watches at once
+                else:
+                    failures.reset()
+            except api.ApiError as exc:
+                if self._stop.is_set():
+                    return
+                self.log.warning("watch of ResourceSlices failed", error=str(exc))
+                self._stop.wait(failures.next_delay())
+
+    def _handle(self, event: api.WatchEvent) -> bool:
+        """Process one event; False = restart the watch from a fresh list."""
+        meta = event.object.get("metadata") or {}
+        if event.type == "ERROR":
+            self._watch_from = None
+            self._wake.set()
+            return False
+        rv = str(meta.get("resourceVersion") or "")
+        if rv:
+            self._watch_from = rv
+        name = str(meta.get("name") or "")
+        if event.type == "BOOKMARK":
+            return True
+        with self._lock:
+            wanted = {s["metadata"]["name"] for s in self._desired or ()}
+        if event.type == "DELETED":
+            ours = name not in wanted and name not in self._known
+        else:
+            ours = self._known.get(name) == rv
+        if not ours:
+            self.synced.clear()
+            self._wake.set()
+        return True
+
+
+def start_node_publisher(
+    *,
+    api: api.KubeApi,
+    devices: model.NodeDevices,
+    driver_name: str,
+    node_name: str,
+    log: Log | None = None,
+) -> Publisher:
+    """Build the node's slices from ``devices`` and keep them published (the node agent's hook).
+
+    Raises :class:`~dra_driver.slices.build.BuildError` when the names cannot make a slice.
+    """
+    result = build.build(devices, node_name=node_name, driver_name=driver_name)
+    publisher = Publisher(kube=api, driver_name=driver_name, node_name=node_name, log=log)
+    for problem in result.problems:
+        publisher.log.warning("device left out of the ResourceSlices", problem=problem)
+    publisher.set_desired(result.slices)
+    publisher.start()
+    return publisher

@@ -1,0 +1,77 @@
+"""``dra-driver slices`` as a user runs it: a real subprocess, real output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dra_driver", "--log-format", "json", "slices", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+
+
+def test_dgx_h100_prints_valid_multi_document_yaml_identically_every_time() -> None:
+    first = run("--node-name", "n1", "--fake", "dgx-h100")
+    second = run("--node-name", "n1", "--fake", "dgx-h100")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout  # byte-identical across runs
+    docs = list(yaml.safe_load_all(first.stdout))
+    assert first.stdout.startswith("---\n") and len(docs) == 1
+    for doc in docs:
+        assert kubernetes_validate.validate(doc, "1.37.0", strict=True)
+    islands = {d["attributes"]["nvlinkIsland"]["string"] for d in docs[0]["spec"]["devices"]}
+    assert islands == {"island-0"} and len(docs[0]["spec"]["devices"]) == 8
+
+
+def test_nvl_pairs_two_islands_json_output_and_driver_name() -> None:
+    proc = run(
+        "--node-name",
+        "n1",
+        "--fake",
+        "h100-nvl-pairs",
+        "--driver-name",
+        "gpu.example.com",
+        "-o",
+        "json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    (obj,) = doc["items"]
+    assert obj["spec"]["driver"] == "gpu.example.com"
+    assert len({d["attributes"]["nvlinkIsland"]["string"] for d in obj["spec"]["devices"]}) == 2
+
+
+def test_large_profile_file_splits(tmp_path: Path) -> None:
+    gpus = "\n".join(f'  - {{pciBusId: "0000:{i:02x}:00.0"}}' for i in range(130))
+    profile = tmp_path / "big.yaml"
+    profile.write_text(
+        'name: big\ndriverVersion: "580.95.05"\ncudaDriverVersion: "13.0"\n'
+        "defaults: {productName: X, brand: Nvidia, architecture: Hopper, "
+        'cudaComputeCapability: "9.0", memory: 80Gi}\ngpus:\n' + gpus + "\n"
+    )
+    proc = run("--node-name", "n1", "--fake-file", str(profile))
+    assert proc.returncode == 0, proc.stderr
+    docs = list(yaml.safe_load_all(proc.stdout))
+    assert [len(d["spec"]["devices"]) for d in docs] == [128, 2]
+    assert {d["spec"]["pool"]["resourceSliceCount"] for d in docs} == {2}
+
+
+def test_usage_errors_are_one_clear_line() -> None:
+    missing = run("--fake", "dgx-h100", env={"PATH": "/usr/bin:/bin"})
+    assert missing.returncode == 2 and "--node-name" in missing.stderr
+    bad_node = run("--node-name", "N1", "--fake", "dgx-h100")
+    assert bad_node.returncode == 2 and "'N1'" in bad_node.stderr
+    unknown = run("--node-name", "n1", "--fake", "no-such-profile")
+    assert unknown.returncode == 2 and "no-such-profile" in unknown.stderr

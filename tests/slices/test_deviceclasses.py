@@ -1,0 +1,76 @@
+"""The shipped DeviceClasses: one source, accepted by the API rules, and selecting exactly the
+devices our slices publish under each type."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from dra_driver import deviceclasses
+from dra_driver.allocation import cel
+from dra_driver.kube import memory
+
+from . import openapi
+from .conftest import devices_of
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = REPO / "dra_driver" / "deviceclasses"
+DEPLOY_DIR = REPO / "deployments" / "deviceclasses"
+
+
+def test_deployment_copies_match_the_package_data_byte_for_byte() -> None:
+    shipped = sorted(p.name for p in PACKAGE_DIR.glob("*.yaml"))
+    assert shipped == sorted(p.name for p in DEPLOY_DIR.glob("*.yaml")), (
+        "run: cp dra_driver/deviceclasses/*.yaml deployments/deviceclasses/"
+    )
+    for name in shipped:
+        assert (DEPLOY_DIR / name).read_bytes() == (PACKAGE_DIR / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("name", deviceclasses.names())
+def test_classes_pass_schema_and_server_rules(name: str) -> None:
+    obj = deviceclasses.load(name)
+    assert obj["metadata"]["name"] == name
+    assert kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    assert openapi.errors(obj, "DeviceClass") == []
+    memory.InMemoryApi().create_device_class(obj)
+
+
+@pytest.mark.parametrize(
+    ("name", "wanted"),
+    [
+        ("gpu.nvidia.com", "gpu"),
+        ("gpu-extended-resource.nvidia.com", "gpu"),
+        ("mig.nvidia.com", "mig"),
+    ],
+)
+@pytest.mark.parametrize("driver", ["gpu.nvidia.com", "gpu.example.com"])
+def test_selectors_pick_exactly_the_devices_of_their_type(
+    name: str, wanted: str, driver: str
+) -> None:
+    from dra_driver.slices import build
+
+    devices = [
+        d
+        for profile in ("dgx-h100", "a100-mig")
+        for s in build.build(devices_of(profile), node_name="n1", driver_name=driver).slices
+        for d in s["spec"]["devices"]
+    ]
+    (selector,) = deviceclasses.load(name, driver_name=driver)["spec"]["selectors"]
+    compiled = cel.compile_selector(selector["cel"]["expression"])
+    picked = [d["name"] for d in devices if compiled.matches(d, driver)]
+    assert picked == [d["name"] for d in devices if d["attributes"]["type"]["string"] == wanted]
+    assert picked
+    other = "other.example.com"
+    assert not any(compiled.matches(d, other) for d in devices)
+
+
+def test_extended_resource_variant_and_unknown_names() -> None:
+    assert (
+        deviceclasses.load("gpu-extended-resource.nvidia.com")["spec"]["extendedResourceName"]
+        == "nvidia.com/gpu"
+    )
+    with pytest.raises(deviceclasses.DeviceClassError, match="shipped: "):
+        deviceclasses.load("tpu.example.com")
