@@ -1,0 +1,163 @@
+"""``dra-driver simulate``: would this claim fit on this node, on which GPUs, and if not, why?
+
+A pod stuck Pending on a ResourceClaim is DRA's most common support question. This command
+answers it without a cluster: it allocates the claim the way kube-scheduler does (same verdict),
+picks the best NVLink/NUMA placement among the fitting choices, and prints the result in the
+shape of ``status.allocation`` (exit 0) or an explanation per request and device (exit 1).
+Bad input is one error line, exit 2.
+
+Devices come from ``--slices`` (exported ResourceSlices), a fake profile (``--fake``,
+``--fake-file``), ResourceSlices inside the claim file, or else this node's real GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+
+from dra_driver.allocation import simulator
+from dra_driver.cli import common
+from dra_driver.devices import backend, model, profiles
+from dra_driver.slices import build as slices_build
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "simulate",
+        help="allocate a ResourceClaim on one node locally and explain failures",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    parser.add_argument(
+        "claim",
+        metavar="CLAIM.yaml",
+        type=Path,
+        help="ResourceClaim or ResourceClaimTemplate (a Pod and DeviceClasses "
+        "in the same file are fine; several claims are allocated in order)",
+    )
+    parser.add_argument(
+        "--class",
+        dest="classes",
+        metavar="CLASS.yaml",
+        type=Path,
+        action="append",
+        default=[],
+        help="DeviceClass file (repeatable); the built-in classes are known",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--fake",
+        metavar="PROFILE",
+        help=f"devices of a fake profile ({', '.join(profiles.builtin_names())})",
+    )
+    source.add_argument(
+        "--fake-file",
+        metavar="FILE",
+        type=Path,
+        help="devices of a fake profile file (docs/profiles.md)",
+    )
+    source.add_argument(
+        "--slices",
+        metavar="SLICES.yaml",
+        type=Path,
+        action="append",
+        help="ResourceSlices to allocate from (repeatable)",
+    )
+    parser.add_argument(
+        "--allocated",
+        metavar="ALLOCATED.yaml",
+        type=Path,
+        action="append",
+        default=[],
+        help="claims (with status.allocation) or allocation results "
+        "whose devices are in use (repeatable)",
+    )
+    parser.add_argument(
+        "--driver-name",
+        default=slices_build.DEFAULT_DRIVER_NAME,
+        help="driver name for slices built from a profile (default %(default)s)",
+    )
+    parser.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="node to allocate on (env NODE_NAME; default: the slices' node, "
+        "'fake-node' with a profile, else this host's name)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def _devices(args: argparse.Namespace) -> model.NodeDevices:
+    try:
+        return common.make_backend(args).discover()
+    except (common.UsageError, backend.DiscoveryError) as err:
+        raise simulator.SimulateError(str(err)) from err
+
+
+def gather(args: argparse.Namespace) -> simulator.Inputs:
+    """Read every input the flags name; raises :class:`simulator.SimulateError`."""
+    main = simulator.split_kinds(simulator.load_file(args.claim), source=str(args.claim))
+    if not main["claims"]:
+        raise simulator.SimulateError(
+            f"{args.claim}: no ResourceClaim or ResourceClaimTemplate in it"
+        )
+    user_classes = list(main["classes"])
+    for path in args.classes:
+        kinds = simulator.split_kinds(simulator.load_file(path), source=str(path))
+        if not kinds["classes"]:
+            raise simulator.SimulateError(f"{path}: no DeviceClass in it")
+        user_classes += kinds["classes"]
+    classes = simulator.merge_classes(
+        simulator.builtin_classes(driver_name=args.driver_name), user_classes
+    )
+    allocated: set[tuple[str, str, str]] = set()
+    for path in args.allocated:
+        allocated |= simulator.allocated_from(simulator.load_file(path), source=str(path))
+
+    node_devices = None
+    slices = list(main["slices"])
+    for path in args.slices or ():
+        kinds = simulator.split_kinds(simulator.load_file(path), source=str(path))
+        if not kinds["slices"]:
+            raise simulator.SimulateError(f"{path}: no ResourceSlice in it")
+        slices += kinds["slices"]
+    node_name = args.node_name
+    if args.fake or args.fake_file or not slices:
+        node_devices = _devices(args)
+        default = "fake-node" if args.fake or args.fake_file else socket.gethostname()
+        node_name = node_name or default
+        slices = simulator.fake_slices(
+            node_devices, node_name=node_name, driver_name=args.driver_name
+        )
+    elif node_name is None:
+        node_name = simulator.slice_node(slices)
+        if node_name is None:
+            raise simulator.SimulateError(
+                "the ResourceSlices are for several nodes (or none "
+                "names one); choose one with --node-name"
+            )
+    return simulator.Inputs(
+        claims=main["claims"],
+        classes=classes,
+        slices=slices,
+        node_name=node_name,
+        allocated=allocated,
+        node_devices=node_devices,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        inputs = gather(args)
+        outcomes = simulator.run(inputs)
+    except simulator.SimulateError as err:
+        return common.fail(one_line(str(err)))
+    texts = [simulator.render(o, node_name=inputs.node_name) for o in outcomes]
+    print("---\n".join(texts), end="")
+    return 0 if all(o.allocated for o in outcomes) else 1
+
+
+def one_line(message: str) -> str:
+    """CEL compile errors carry a source excerpt with a caret line; keep just the text."""
+    lines = [ln.strip() for ln in message.splitlines() if not ln.lstrip().startswith("|")]
+    return "; ".join(ln for ln in lines if ln)

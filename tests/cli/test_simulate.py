@@ -1,0 +1,175 @@
+"""``dra-driver simulate`` as a user runs it: exit 0 with the allocation, 1 with the reasons,
+2 with one error line for bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_driver import cli, examples
+from dra_driver.devices import fake
+from dra_driver.slices import build
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "deployments" / "examples"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dra_driver", "simulate", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+
+
+def main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(["simulate", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(path: Path, *docs: Any) -> str:
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return str(path)
+
+
+def test_allocates_an_example_claim() -> None:
+    proc = run(str(EXAMPLES / "two-gpus-nvlink.yaml"), "--fake", "h100-nvl-pairs")
+    assert proc.returncode == 0, proc.stderr
+    allocation = yaml.safe_load(proc.stdout)
+    assert [r["device"] for r in allocation["devices"]["results"]] == ["gpu-0", "gpu-1"]
+    assert allocation["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [
+        "fake-node"
+    ]
+    assert proc.stdout.startswith("# ResourceClaim two-gpus-nvlink: allocated on node fake-node")
+
+
+def test_unsatisfiable_claim_exits_1_with_the_reasons() -> None:
+    proc = run(str(EXAMPLES / "cannot-fit.yaml"), "--fake", "dgx-h100", "--node-name", "n1")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "ResourceClaim cannot-fit cannot be allocated on node n1:",
+        "  - request gpus: needs 16 devices of class gpu.nvidia.com; 8 of 8 usable",
+    ]
+
+
+def test_bad_input_is_one_error_line_exit_2(tmp_path: Path) -> None:
+    proc = run(str(tmp_path / "missing.yaml"), "--fake", "dgx-h100")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"dra-driver: error: cannot read {tmp_path / 'missing.yaml'}: No such file or directory"
+    ]
+
+
+def test_selector_that_does_not_compile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    docs = examples.load("one-gpu")
+    docs[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": "device.attributes.nope("}}
+    ]
+    code, _, err = main(capsys, write(tmp_path / "c.yaml", *docs), "--fake", "dgx-h100")
+    assert code == 2
+    assert err.startswith(
+        "dra-driver: error: ResourceClaim one-gpu: request gpu: selectors[0]: "
+        'CEL expression "device.attributes.nope(": '
+    )
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_pod_less_file_with_claim_class_and_slices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    devices = fake.FakeBackend.from_name("pcie-l4").discover()
+    slices = build.build(devices, node_name="l4-node").slices
+    cls = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "l4"},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": 'device.attributes["gpu.nvidia.com"].productName '
+                        '== "NVIDIA L4"'
+                    }
+                }
+            ]
+        },
+    }
+    the_claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "two-l4"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpus", "exactly": {"deviceClassName": "l4", "count": 3}}]
+            }
+        },
+    }
+    path = write(tmp_path / "all.yaml", the_claim, cls, *slices)
+    code, out, _ = main(capsys, path)
+    assert code == 0
+    assert "allocated on node l4-node" in out
+    # The same devices, now in use by another claim, leave too few.
+    used = write(tmp_path / "used.yaml", yaml.safe_load(out)["devices"])
+    code, out, _ = main(capsys, path, "--allocated", used)
+    assert code == 1 and "1 of 4 usable" in out
+
+
+def test_slices_flag_and_node_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    devices = fake.FakeBackend.from_name("dgx-h100").discover()
+    two_nodes = [
+        *build.build(devices, node_name="a").slices,
+        *build.build(devices, node_name="b").slices,
+    ]
+    slices = write(tmp_path / "s.yaml", *two_nodes)
+    claim_file = str(EXAMPLES / "one-gpu.yaml")
+    code, _, err = main(capsys, claim_file, "--slices", slices)
+    assert code == 2 and "choose one with --node-name" in err
+    code, out, _ = main(capsys, claim_file, "--slices", slices, "--node-name", "b")
+    assert code == 0 and yaml.safe_load(out)["devices"]["results"][0]["pool"] == "b"
+
+
+def test_fake_file_and_class_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = REPO / "dra_driver" / "devices" / "profiles" / "h100-nvl-pairs.yaml"
+    cls = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {
+            "selectors": [
+                {"cel": {"expression": 'device.attributes["resource.kubernetes.io"].numaNode == 1'}}
+            ]
+        },
+    }
+    code, out, _ = main(
+        capsys,
+        str(EXAMPLES / "one-gpu.yaml"),
+        "--fake-file",
+        str(profile),
+        "--class",
+        write(tmp_path / "cls.yaml", cls),
+    )
+    assert code == 0  # the user's class replaces the built-in one of the same name
+    assert yaml.safe_load(out)["devices"]["results"][0]["device"] == "gpu-2"
+    code, _, err = main(
+        capsys,
+        str(EXAMPLES / "one-gpu.yaml"),
+        "--fake",
+        "dgx-h100",
+        "--class",
+        str(EXAMPLES / "one-gpu.yaml"),
+    )
+    assert code == 2 and "no DeviceClass in it" in err
+
+
+def test_claim_file_without_a_claim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = main(capsys, write(tmp_path / "p.yaml", {"kind": "Pod"}), "--fake", "dgx-h100")
+    assert code == 2 and "no ResourceClaim or ResourceClaimTemplate in it" in err
