@@ -1,0 +1,135 @@
+"""``dra-driver kubelet-plugin``: the node agent the DaemonSet runs.
+
+It registers with the kubelet, prepares and unprepares ResourceClaims (CDI specs, checkpoint),
+and publishes this node's ResourceSlices. Every flag has an environment twin so the DaemonSet can
+configure it from the downward API (``NODE_NAME``) and its ConfigMap. The wiring itself lives in
+:mod:`dra_driver.app`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from pathlib import Path
+
+from dra_driver import app, logs
+from dra_driver.cli import common
+from dra_driver.devices import backend
+from dra_driver.driver import checkpoint
+from dra_driver.kubelet import server
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from dra_driver.cli import env_default
+
+    parser = sub.add_parser(
+        "kubelet-plugin", help="run the node agent: kubelet DRA plugin and slice publisher"
+    )
+    parser.add_argument(
+        "--node-name",
+        default=env_default("NODE_NAME"),
+        help="this node's name; also our ResourceSlice pool name (env NODE_NAME; required)",
+    )
+    parser.add_argument(
+        "--driver-name",
+        default=env_default("DRIVER_NAME", "gpu.nvidia.com"),
+        help="DRA driver name (env DRIVER_NAME; default gpu.nvidia.com)",
+    )
+    parser.add_argument(
+        "--kubelet-registry-dir",
+        type=Path,
+        default=env_default("KUBELET_REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"),
+        help="where the kubelet looks for plugin registration sockets (env KUBELET_REGISTRY_DIR)",
+    )
+    parser.add_argument(
+        "--kubelet-plugins-dir",
+        type=Path,
+        default=env_default("KUBELET_PLUGINS_DIR", "/var/lib/kubelet/plugins"),
+        help="parent of our DRA socket and checkpoint directory (env KUBELET_PLUGINS_DIR)",
+    )
+    parser.add_argument(
+        "--cdi-root",
+        type=Path,
+        default=env_default("CDI_ROOT", "/var/run/cdi"),
+        help="directory for the per-claim CDI specs (env CDI_ROOT; default /var/run/cdi)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=env_default("KUBECONFIG"),
+        help="kubeconfig file; default: in-cluster service account (env KUBECONFIG)",
+    )
+    parser.add_argument(
+        "--driver-root",
+        type=Path,
+        default=env_default("DRIVER_ROOT", "/"),
+        help="host path of the NVIDIA driver's files, e.g. /run/nvidia/driver (env DRIVER_ROOT)",
+    )
+    parser.add_argument(
+        "--cleanup-interval",
+        type=float,
+        default=float(env_default("CLEANUP_INTERVAL", "60") or 60),
+        help="seconds between checks for prepared claims deleted from the API "
+        "(env CLEANUP_INTERVAL; 0 = never)",
+    )
+    parser.add_argument(
+        "--serial",
+        action="store_true",
+        default=env_default("PREPARE_SERIAL") == "true",
+        help="prepare the claims of one call one after the other (benchmarking; "
+        "env PREPARE_SERIAL=true)",
+    )
+    parser.add_argument(
+        "--no-publish", action="store_true", help="do not publish ResourceSlices (testing)"
+    )
+    # Test seam, not for operators.
+    parser.add_argument("--boot-id-file", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--dev-root",
+        type=Path,
+        default=Path(env_default("DEV_ROOT", "/") or "/"),
+        help="where this process sees the host's root for /dev/nvidia* checks, e.g. /host "
+        "(env DEV_ROOT; default /)",
+    )
+    common.add_backend_flags(parser)
+    parser.set_defaults(handler=run)
+
+
+def settings_from(args: argparse.Namespace) -> app.PluginSettings:
+    if not args.node_name:
+        raise common.UsageError("--node-name (or NODE_NAME) is required")
+    return app.PluginSettings(
+        node_name=args.node_name,
+        driver_name=args.driver_name,
+        registry_dir=args.kubelet_registry_dir,
+        plugins_dir=args.kubelet_plugins_dir,
+        cdi_root=args.cdi_root,
+        kubeconfig=args.kubeconfig,
+        driver_root=args.driver_root,
+        fake=bool(args.fake or args.fake_file),
+        dev_root=args.dev_root,
+        boot_id_file=args.boot_id_file or checkpoint.BOOT_ID_FILE,
+        serial=args.serial,
+        cleanup_interval_s=args.cleanup_interval,
+        publish=not args.no_publish,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from dra_driver.kube import client
+
+    log = logs.get("kubelet-plugin")
+    try:
+        settings = settings_from(args)
+        devices = common.make_backend(args)
+        api = client.KubeClient.connect(settings.kubeconfig)
+    except (common.UsageError, backend.DiscoveryError, client.ConfigError) as exc:
+        return common.fail(str(exc))
+    stop = threading.Event()
+    app.install_signal_handlers(stop)
+    try:
+        return app.run(settings, backend=devices, api=api, stop=stop, log=log)
+    except (app.StartupError, server.SocketError) as exc:
+        return common.fail(str(exc), code=1)
+    finally:
+        api.close()

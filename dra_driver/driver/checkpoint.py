@@ -1,0 +1,243 @@
+"""The plugin's memory across crashes, restarts and rolling updates: which claims it prepared.
+
+Unprepare may come after the claim is gone from the API server, or to another instance of the
+plugin, so everything needed to undo a preparation is kept on disk, one versioned JSON file per
+claim under ``<plugins-dir>/<driver>/claims/<uid>.json`` (one file per claim lets claims be
+checkpointed in parallel), every write atomic (temporary file + rename).
+
+Two phases: a record is written as ``PrepareStarted`` *before* the claim's CDI spec, and becomes
+``PrepareCompleted`` after it. A record still ``PrepareStarted`` at start-up is a preparation a
+crash interrupted and is rolled back. A file that does not decode (corrupted, or written by a
+newer version) is moved aside to ``claims-aside/`` with a loud error instead of being silently
+replaced, and the plugin starts anyway.
+
+Boot scoping and durability: prepared claims do not survive a reboot (device state and the tmpfs
+``/var/run/cdi`` are gone), so every record carries the node's boot ID, and ``checkpoint.json``
+next to ``claims/`` records the boot the directory belongs to. After a reboot the old records are
+discarded (and their specs removed) by file name, without even parsing them, so a file torn by a
+power loss cannot matter. Hence only the commit point is written durably (fsync of file and
+directory): the ``PrepareCompleted`` record, what the kubelet is told, and the boot marker.
+``PrepareStarted`` records and removals are atomic but not fsynced: losing one to a power loss
+changes nothing, since a reboot discards them anyway and an orphaned spec is swept at start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import pydantic
+import structlog
+
+from dra_driver.driver import atomicfile, results
+
+FORMAT_VERSION: Final = 1
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+META_KIND: Final = "GpuDraClaimCheckpoint"
+PREPARE_STARTED: Final = "PrepareStarted"
+PREPARE_COMPLETED: Final = "PrepareCompleted"
+State = Literal["PrepareStarted", "PrepareCompleted"]
+_UID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,126}[A-Za-z0-9])?$")
+_STRICT = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class CheckpointError(Exception):
+    """A checkpoint file cannot be written."""
+
+
+class DeviceRecord(pydantic.BaseModel):
+    model_config = _STRICT
+    requestNames: tuple[str, ...]
+    poolName: str
+    deviceName: str
+    cdiDeviceIds: tuple[str, ...]
+    shareId: str | None = None
+    adminAccess: bool = False
+    config: dict[str, Any] = pydantic.Field(default_factory=dict)
+
+    def prepared(self) -> results.PreparedDevice:
+        return results.PreparedDevice(
+            request_names=self.requestNames,
+            pool_name=self.poolName,
+            device_name=self.deviceName,
+            cdi_device_ids=self.cdiDeviceIds,
+            share_id=self.shareId,
+        )
+
+
+class ClaimRecord(pydantic.BaseModel):
+    """Everything needed to answer a repeated prepare and to undo it, for one claim."""
+
+    model_config = _STRICT
+    version: Literal[1] = FORMAT_VERSION
+    uid: str
+    namespace: str
+    name: str
+    state: State
+    bootId: str
+    devices: tuple[DeviceRecord, ...]
+    cdiSpec: dict[str, Any]  # the spec as written, so a lost spec file can be restored
+
+    def prepared(self) -> tuple[results.PreparedDevice, ...]:
+        return tuple(d.prepared() for d in self.devices)
+
+
+@dataclasses.dataclass(slots=True)
+class LoadReport:
+    """What start-up found on disk."""
+
+    records: list[ClaimRecord] = dataclasses.field(default_factory=list)
+    other_boot: list[str] = dataclasses.field(default_factory=list)  # UIDs of discarded claims
+    moved_aside: list[Path] = dataclasses.field(default_factory=list)
+
+
+def valid_uid(uid: str) -> bool:
+    """A UID we can use in file and CDI device names (Kubernetes UIDs are UUIDs)."""
+    return bool(_UID.match(uid))
+
+
+def read_boot_id(path: Path = BOOT_ID_FILE) -> str:
+    """The kernel's random ID of this boot; a fixed marker when the file is not readable."""
+    try:
+        return path.read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+class Checkpoint:
+    """Per-claim records on disk with an in-memory index (safe to use from many threads).
+
+    Callers serialise operations on one claim (per-claim locks); this class only guards its index.
+    """
+
+    def __init__(
+        self, *, directory: Path, boot_id: str, log: structlog.typing.FilteringBoundLogger
+    ) -> None:
+        self.directory = directory
+        self.claims_dir = directory / "claims"
+        self.aside_dir = directory / "claims-aside"
+        self.boot_id = boot_id
+        self._log = log
+        self._records: dict[str, ClaimRecord] = {}
+        self._lock = threading.Lock()
+
+    def path(self, uid: str) -> Path:
+        return self.claims_dir / f"{uid}.json"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.directory / "checkpoint.json"
+
+    def load(self) -> LoadReport:
+        """Read every record (once, at start-up). Records of another boot are deleted from disk
+        and their UIDs reported; undecodable files are moved aside and reported."""
+        report = LoadReport()
+        self.claims_dir.mkdir(parents=True, exist_ok=True)
+        atomicfile.remove_stale_temporaries(self.claims_dir)
+        atomicfile.remove_stale_temporaries(self.directory)
+        earlier_boot = self._meta_boot(report) not in (None, self.boot_id)
+        for path in sorted(self.claims_dir.glob("*.json")):
+            if earlier_boot:  # by name only: files from before a power loss may be torn
+                report.other_boot.append(path.stem)
+                atomicfile.remove(path, durable=False)
+                continue
+            try:
+                record = ClaimRecord.model_validate(json.loads(path.read_bytes()))
+                if path.name != f"{record.uid}.json":
+                    raise ValueError(f"file name does not match the record's uid {record.uid}")
+            except (ValueError, OSError) as exc:
+                report.moved_aside.append(self._move_aside(path, exc))
+                continue
+            if record.bootId != self.boot_id:
+                report.other_boot.append(record.uid)
+                atomicfile.remove(path, durable=False)
+                continue
+            report.records.append(record)
+        meta = {"version": FORMAT_VERSION, "kind": META_KIND, "bootId": self.boot_id}
+        atomicfile.write_json(self.meta_path, meta, durable=True)
+        with self._lock:
+            self._records = {r.uid: r for r in report.records}
+        return report
+
+    def _meta_boot(self, report: LoadReport) -> str | None:
+        """The boot the claim files belong to; None when unknown (then each record says)."""
+        try:
+            meta = json.loads(self.meta_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (ValueError, OSError) as exc:
+            report.moved_aside.append(self._move_aside(self.meta_path, exc))
+            return None
+        if (
+            not isinstance(meta, dict)
+            or meta.get("version") != FORMAT_VERSION
+            or meta.get("kind") != META_KIND
+            or not isinstance(meta.get("bootId"), str)
+        ):
+            error = ValueError(f"unknown checkpoint format {str(meta)[:200]}")
+            report.moved_aside.append(self._move_aside(self.meta_path, error))
+            return None
+        boot: str = meta["bootId"]
+        return boot
+
+    def _move_aside(self, path: Path, exc: Exception) -> Path:
+        self.aside_dir.mkdir(parents=True, exist_ok=True)
+        stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+        target = self.aside_dir / f"{path.name}.{stamp}"
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        try:
+            path.replace(target)
+        except OSError as move_error:
+            self._log.error(
+                "checkpoint file is unreadable and cannot be moved aside; ignoring it",
+                file=str(path),
+                reason=reason,
+                move_error=str(move_error),
+            )
+            return path
+        self._log.error(
+            "checkpoint file is corrupted or of an unknown version; moved aside. The claim it "
+            "described is no longer tracked (unprepare of it will still succeed)",
+            file=str(path),
+            moved_to=str(target),
+            reason=reason,
+        )
+        return target
+
+    def get(self, uid: str) -> ClaimRecord | None:
+        with self._lock:
+            return self._records.get(uid)
+
+    def records(self) -> list[ClaimRecord]:
+        with self._lock:
+            return list(self._records.values())
+
+    def put(self, record: ClaimRecord) -> None:
+        """Write ``record``, then index it; durably only at the commit point (Completed)."""
+        if record.bootId != self.boot_id:
+            raise CheckpointError(f"record for claim {record.uid} has a foreign boot ID")
+        try:
+            atomicfile.write_json(
+                self.path(record.uid),
+                record.model_dump(mode="json"),
+                durable=record.state == PREPARE_COMPLETED,
+            )
+        except OSError as exc:
+            raise CheckpointError(f"cannot write checkpoint for claim {record.uid}: {exc}") from exc
+        with self._lock:
+            self._records[record.uid] = record
+
+    def delete(self, uid: str) -> None:
+        """Forget ``uid`` (idempotent)."""
+        try:
+            atomicfile.remove(self.path(uid), durable=False)
+        except OSError as exc:
+            raise CheckpointError(f"cannot remove checkpoint of claim {uid}: {exc}") from exc
+        with self._lock:
+            self._records.pop(uid, None)

@@ -1,0 +1,291 @@
+"""Preparing and unpreparing one claim: locking, device ownership, CDI spec and checkpoint.
+
+Claims are independent, so each has its own lock (never one node-wide lock: a slow claim must not
+hold up the others). Two concurrent calls for the same claim run one after the other, and the
+second finds the claim prepared and answers from the checkpoint. Ownership of devices is checked
+here too, as the last line of defence: a device prepared for one claim is refused to another,
+unless one of them has admin access or both hold shares of a multi-allocatable device.
+
+Order of effects (crash-safety argument):
+prepare:   checkpoint PrepareStarted → write CDI spec → checkpoint PrepareCompleted
+unprepare: delete checkpoint record → remove CDI spec
+start-up:  PrepareStarted → spec removed, record deleted (rolled back); a completed record
+           whose spec is missing → spec rewritten from it; a spec of ours with no record → removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Iterator, Sequence
+
+import structlog
+
+from dra_driver import logs
+from dra_driver.driver import cdi, checkpoint, claims, config, inventory, results
+from dra_driver.kube import api as kube
+
+
+class DeviceBusy(claims.ClaimError):
+    """A device is already prepared for another claim."""
+
+
+class ClaimLocks:
+    """One lock per claim UID, created on demand and dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def hold(self, uid: str) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(uid, (threading.Lock(), 0))
+            self._locks[uid] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[uid]
+                if users == 1:
+                    del self._locks[uid]
+                else:
+                    self._locks[uid] = (lock, users - 1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Use:
+    uid: str
+    admin: bool
+    share_id: str | None
+
+
+class Ownership:
+    """Which claims hold which (pool, device); reserve-or-fail is atomic."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._uses: dict[tuple[str, str], list[_Use]] = {}
+
+    def reserve(self, ref: claims.ClaimRef, devices: Sequence[claims.AllocatedDevice]) -> None:
+        with self._guard:
+            for dev in devices:
+                for use in self._uses.get((dev.pool, dev.device), []):
+                    if use.uid == ref.uid or use.admin or dev.admin_access:
+                        continue
+                    if use.share_id and dev.share_id and use.share_id != dev.share_id:
+                        continue
+                    raise DeviceBusy(
+                        f"{ref}: device {dev.pool}/{dev.device} is already prepared for claim "
+                        f"uid {use.uid}; refusing to hand it to a second claim"
+                    )
+            for dev in devices:
+                uses = self._uses.setdefault((dev.pool, dev.device), [])
+                uses[:] = [u for u in uses if u.uid != ref.uid]
+                uses.append(_Use(ref.uid, dev.admin_access, dev.share_id))
+
+    def release(self, uid: str) -> None:
+        with self._guard:
+            for key in list(self._uses):
+                remaining = [u for u in self._uses[key] if u.uid != uid]
+                if remaining:
+                    self._uses[key] = remaining
+                else:
+                    del self._uses[key]
+
+
+class ClaimState:
+    """The prepare/unprepare logic for single claims, safe to call from many threads."""
+
+    def __init__(
+        self,
+        *,
+        api: kube.KubeApi,
+        driver_name: str,
+        pool_name: str,
+        devices: inventory.Inventory,
+        specs: cdi.CdiSpecs,
+        store: checkpoint.Checkpoint,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        self.api = api
+        self.driver_name = driver_name
+        self.pool_name = pool_name
+        self.devices = devices
+        self.specs = specs
+        self.store = store
+        self.log = log
+        self.locks = ClaimLocks()
+        self.ownership = Ownership()
+
+    # ---- start-up ----------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Bring disk back to a consistent state after whatever ended the last run."""
+        report = self.store.load()
+        self.specs.remove_stale_temporaries()
+        for uid in report.other_boot:
+            if checkpoint.valid_uid(uid):
+                self.specs.remove(uid)
+        if report.other_boot:
+            self.log.info(
+                "node rebooted since these claims were prepared; forgot them",
+                claims=report.other_boot,
+            )
+        for record in report.records:
+            clog = logs.claim_logger(
+                self.log, uid=record.uid, namespace=record.namespace, name=record.name
+            )
+            if record.state == checkpoint.PREPARE_STARTED:
+                self.specs.remove(record.uid)
+                self.store.delete(record.uid)
+                clog.warning("rolled back a preparation interrupted by a crash")
+                continue
+            try:
+                if not self.specs.spec_path(record.uid).exists():
+                    self.specs.write(record.uid, record.cdiSpec)
+                    clog.warning("restored the missing CDI spec of a prepared claim")
+                self.ownership.reserve(_ref(record), _allocated(record))
+            except (OSError, claims.ClaimError) as exc:
+                clog.error("prepared claim is inconsistent after restart", error=str(exc))
+        known = {r.uid for r in self.store.records()}
+        for uid in self.specs.claim_uids_on_disk():
+            if uid not in known:
+                self.specs.remove(uid)
+                self.log.info("removed a CDI spec of ours without a prepared claim", claim_uid=uid)
+
+    # ---- prepare / unprepare -------------------------------------------------------------------
+
+    def prepare(self, ref: claims.ClaimRef) -> tuple[results.PreparedDevice, ...]:
+        """Prepare one claim (idempotent). Raises :class:`claims.ClaimError` (API errors
+        included) or :class:`checkpoint.CheckpointError`, with a message naming the claim."""
+        _check_ref(ref)
+        clog = logs.claim_logger(self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name)
+        with self.locks.hold(ref.uid):
+            record = self.store.get(ref.uid)
+            if record is not None and record.state == checkpoint.PREPARE_COMPLETED:
+                clog.debug("claim already prepared; answering from the checkpoint")
+                return record.prepared()
+            if record is not None:  # a failed earlier attempt in this process
+                self._forget(ref.uid)
+            try:
+                claim = self.api.get_resource_claim(ref.namespace, ref.name)
+            except kube.NotFound:
+                raise claims.ClaimError(f"{ref}: not found in the API server") from None
+            except kube.ApiError as exc:
+                raise claims.ClaimError(
+                    f"{ref}: cannot read it from the API server (HTTP {exc.status}): {exc}"
+                ) from None
+            allocated = claims.allocated_devices(
+                claim, ref=ref, driver=self.driver_name, pool=self.pool_name
+            )
+            planned = self._plan(ref, allocated)
+            spec = self.specs.build(ref, planned)
+            self.ownership.reserve(ref, allocated)
+            try:
+                record = self._record(ref, allocated, planned, spec)
+                self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
+                self.specs.write(ref.uid, spec)
+                self.store.put(record)
+            except BaseException:
+                self._forget(ref.uid)
+                raise
+            clog.info(
+                "prepared claim",
+                devices=[d.device for d in allocated],
+                cdi_spec=str(self.specs.spec_path(ref.uid)),
+            )
+            return record.prepared()
+
+    def unprepare(self, ref: claims.ClaimRef) -> None:
+        """Undo :meth:`prepare` (idempotent; unknown claims succeed; needs no API access)."""
+        _check_ref(ref)
+        clog = logs.claim_logger(self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name)
+        with self.locks.hold(ref.uid):
+            known = self.store.get(ref.uid) is not None
+            self._forget(ref.uid)
+            clog.info("unprepared claim" if known else "unprepare of a claim not prepared here")
+
+    def prepared_claims(self) -> list[claims.ClaimRef]:
+        return [_ref(r) for r in self.store.records()]
+
+    def _forget(self, uid: str) -> None:
+        self.store.delete(uid)
+        self.specs.remove(uid)
+        self.ownership.release(uid)
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _plan(
+        self, ref: claims.ClaimRef, allocated: Sequence[claims.AllocatedDevice]
+    ) -> list[cdi.Planned]:
+        planned: list[cdi.Planned] = []
+        for dev in allocated:
+            known = self.devices.get(dev.device)
+            if known is None:
+                raise claims.ClaimError(
+                    f"{ref}: device {dev.pool}/{dev.device} (request {dev.request}) is not a "
+                    "device of this node"
+                )
+            if known.problem:
+                raise claims.ClaimError(
+                    f"{ref}: device {dev.device} cannot be prepared: {known.problem}"
+                )
+            cfg = config.effective(dev.configs, ref=ref)
+            planned.append(cdi.Planned(device=known, request=dev.request_name, config=cfg))
+        return planned
+
+    def _record(
+        self,
+        ref: claims.ClaimRef,
+        allocated: Sequence[claims.AllocatedDevice],
+        planned: Sequence[cdi.Planned],
+        spec: dict[str, object],
+    ) -> checkpoint.ClaimRecord:
+        return checkpoint.ClaimRecord(
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            state=checkpoint.PREPARE_COMPLETED,
+            bootId=self.store.boot_id,
+            devices=tuple(
+                checkpoint.DeviceRecord(
+                    requestNames=(dev.request_name,),
+                    poolName=dev.pool,
+                    deviceName=dev.device,
+                    cdiDeviceIds=(self.specs.device_id(ref.uid, dev.device),),
+                    shareId=dev.share_id,
+                    adminAccess=dev.admin_access,
+                    config=plan.config.to_json(),
+                )
+                for dev, plan in zip(allocated, planned, strict=True)
+            ),
+            cdiSpec=spec,
+        )
+
+
+def _check_ref(ref: claims.ClaimRef) -> None:
+    if not checkpoint.valid_uid(ref.uid):
+        raise claims.ClaimError(f"{ref}: invalid claim uid {ref.uid!r}")
+    if not ref.namespace or not ref.name:
+        raise claims.ClaimError(f"{ref}: namespace and name are required")
+
+
+def _ref(record: checkpoint.ClaimRecord) -> claims.ClaimRef:
+    return claims.ClaimRef(uid=record.uid, namespace=record.namespace, name=record.name)
+
+
+def _allocated(record: checkpoint.ClaimRecord) -> list[claims.AllocatedDevice]:
+    return [
+        claims.AllocatedDevice(
+            request=d.requestNames[0] if d.requestNames else "",
+            pool=d.poolName,
+            device=d.deviceName,
+            admin_access=d.adminAccess,
+            share_id=d.shareId,
+            configs=(),
+        )
+        for d in record.devices
+    ]

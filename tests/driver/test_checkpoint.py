@@ -1,0 +1,135 @@
+"""The checkpoint on disk: atomic per-claim records, boot ID, corrupted files moved aside."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import structlog
+
+from dra_driver import logs
+from dra_driver.driver import checkpoint
+
+
+def record(uid: str, boot: str = "b1", state: str = "PrepareCompleted") -> checkpoint.ClaimRecord:
+    return checkpoint.ClaimRecord.model_validate(
+        {
+            "uid": uid,
+            "namespace": "ns",
+            "name": "c",
+            "state": state,
+            "bootId": boot,
+            "devices": [
+                {
+                    "requestNames": ["gpu"],
+                    "poolName": "n1",
+                    "deviceName": "gpu-0",
+                    "cdiDeviceIds": ["k8s.gpu.nvidia.com/claim=x-gpu-0"],
+                }
+            ],
+            "cdiSpec": {"cdiVersion": "0.3.0"},
+        }
+    )
+
+
+def store(tmp_path: Path, boot: str = "b1") -> checkpoint.Checkpoint:
+    return checkpoint.Checkpoint(directory=tmp_path, boot_id=boot, log=logs.get("test"))
+
+
+def test_put_load_delete_round_trip(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    s.load()
+    s.put(record("u1"))
+    s.put(record("u2", state="PrepareStarted"))
+    on_disk = json.loads((tmp_path / "claims/u1.json").read_text())
+    assert on_disk["version"] == 1 and on_disk["bootId"] == "b1"
+    again = store(tmp_path)
+    report = again.load()
+    assert sorted(r.uid for r in report.records) == ["u1", "u2"]
+    assert again.get("u1") == record("u1")
+    again.delete("u1")
+    again.delete("u1")  # idempotent
+    assert [r.uid for r in store(tmp_path).load().records] == ["u2"]
+    assert not list((tmp_path / "claims").glob(".tmp-*"))
+
+
+def test_records_of_an_earlier_boot_are_discarded(tmp_path: Path) -> None:
+    s = store(tmp_path, "old-boot")
+    s.load()
+    s.put(record("u1", boot="old-boot"))
+    s.put(record("u2", boot="old-boot", state="PrepareStarted"))
+    (tmp_path / "claims/u3.json").write_bytes(b"\0\0torn by a power loss")
+    report = store(tmp_path, "new-boot").load()
+    assert report.records == [] and report.moved_aside == []
+    assert sorted(report.other_boot) == ["u1", "u2", "u3"]
+    assert list((tmp_path / "claims").iterdir()) == []
+    meta = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert meta == {"version": 1, "kind": "GpuDraClaimCheckpoint", "bootId": "new-boot"}
+
+
+def test_without_the_boot_marker_each_record_says_which_boot(tmp_path: Path) -> None:
+    old = store(tmp_path, "old-boot")
+    old.load()
+    old.put(record("u1", boot="old-boot"))
+    (tmp_path / "claims/u2.json").write_text(
+        json.dumps(record("u2", boot="new-boot").model_dump(mode="json"))
+    )
+    (tmp_path / "checkpoint.json").unlink()
+    report = store(tmp_path, "new-boot").load()
+    assert [r.uid for r in report.records] == ["u2"] and report.other_boot == ["u1"]
+
+
+@pytest.mark.parametrize("meta", [b"{torn", b'{"version": 7, "kind": "GpuDraClaimCheckpoint"}'])
+def test_unknown_boot_marker_is_moved_aside_and_records_still_load(
+    tmp_path: Path, meta: bytes
+) -> None:
+    s = store(tmp_path)
+    s.load()
+    s.put(record("u1"))
+    (tmp_path / "checkpoint.json").write_bytes(meta)
+    with structlog.testing.capture_logs() as logged:
+        report = store(tmp_path).load()
+    assert [r.uid for r in report.records] == ["u1"]
+    assert [p.read_bytes() for p in report.moved_aside] == [meta]
+    assert any(e["log_level"] == "error" for e in logged)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b"",
+        json.dumps({**record("u1").model_dump(mode="json"), "version": 2}).encode(),
+        json.dumps({**record("u1").model_dump(mode="json"), "extra": 1}).encode(),
+        json.dumps(record("someone-else").model_dump(mode="json")).encode(),
+    ],
+    ids=["garbage", "empty", "future-version", "unknown-field", "wrong-file-name"],
+)
+def test_corrupted_or_unknown_files_are_moved_aside_loudly(tmp_path: Path, content: bytes) -> None:
+    s = store(tmp_path)
+    s.load()
+    s.put(record("good"))
+    (tmp_path / "claims/u1.json").write_bytes(content)
+    (tmp_path / "claims/.tmp-u9.json.abcd").write_text("half written")
+    with structlog.testing.capture_logs() as logged:
+        report = store(tmp_path).load()
+    assert [r.uid for r in report.records] == ["good"]
+    assert len(report.moved_aside) == 1
+    aside = report.moved_aside[0]
+    assert aside.parent == tmp_path / "claims-aside" and aside.read_bytes() == content
+    assert not (tmp_path / "claims/u1.json").exists()
+    assert not (tmp_path / "claims/.tmp-u9.json.abcd").exists()
+    (line,) = [e for e in logged if e["log_level"] == "error"]
+    assert "moved aside" in line["event"] and line["file"].endswith("u1.json")
+
+
+def test_uid_validation_and_boot_id(tmp_path: Path) -> None:
+    assert checkpoint.valid_uid("0b5e2c1a-77aa-4c1e-9d9e-2b7b1c9f0a11")
+    for bad in ("", "../x", "a/b", "-a", "x" * 200):
+        assert not checkpoint.valid_uid(bad)
+    (tmp_path / "boot").write_text("abc\n")
+    assert checkpoint.read_boot_id(tmp_path / "boot") == "abc"
+    assert checkpoint.read_boot_id(tmp_path / "missing") == "unknown"
+    with pytest.raises(checkpoint.CheckpointError):
+        store(tmp_path).put(record("u1", boot="other"))

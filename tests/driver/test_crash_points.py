@@ -1,0 +1,93 @@
+"""Crash at *every* point: the deterministic complement of the random SIGKILL test.
+
+A forked child runs prepare/unprepare and dies (``os._exit``) right before its N-th durable file
+operation (fsync, rename or unlink); the parent then restarts the driver from disk and checks the
+invariants. N runs from 0 until the child gets through without dying, so every window between two
+disk effects is hit once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from dra_driver.driver import checkpoint
+
+from .conftest import Node, claim_obj, new_uid
+
+CRASHED = 86
+
+
+def _run_child(node: Node, crash_at: int, work: Callable[[], None]) -> int:
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        count = [0]
+        real = {name: getattr(os, name) for name in ("fsync", "replace", "unlink")}
+
+        def counting(name: str) -> Callable[..., Any]:
+            def op(*args: Any, **kwargs: Any) -> Any:
+                if count[0] == crash_at:
+                    os._exit(CRASHED)
+                count[0] += 1
+                return real[name](*args, **kwargs)
+
+            return op
+
+        for name in real:
+            setattr(os, name, counting(name))
+        try:
+            work()
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _check_consistent(node: Node) -> None:
+    records = {p.stem: json.loads(p.read_text()) for p in node.claims_dir.glob("*.json")}
+    assert all(r["state"] == checkpoint.PREPARE_COMPLETED for r in records.values())
+    assert set(node.spec_files()) == {f"k8s.gpu.nvidia.com-claim_{u}.json" for u in records}
+    for uid, rec in records.items():
+        spec = node.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.json"
+        assert json.loads(spec.read_text()) == rec["cdiSpec"]
+    if node.cdi_root.exists():
+        assert not [p for p in node.cdi_root.iterdir() if p.name.startswith(".")]
+    assert not [p for p in node.claims_dir.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("scenario", ["prepare", "unprepare"])
+def test_a_crash_between_any_two_disk_effects_recovers(node: Node, scenario: str) -> None:
+    node.restart(serial=True)
+    a = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0", "gpu-1"]))
+    b = node.add(claim_obj(name="b", uid=new_uid(), devices=["gpu-2"]))
+    if scenario == "unprepare":
+        assert {r.error for r in node.driver.prepare([a, b]).values()} == {""}
+
+    def work() -> None:
+        if scenario == "prepare":
+            node.driver.prepare([a, b])
+        else:
+            node.driver.unprepare([a, b])
+
+    crash_at = 0
+    while (code := _run_child(node, crash_at, work)) == CRASHED:
+        driver = node.restart()
+        _check_consistent(node)
+        # Put disk back where the scenario starts, through the plugin itself.
+        if scenario == "prepare":
+            assert set(driver.unprepare([a, b]).values()) == {""}
+        else:
+            assert {r.error for r in driver.prepare([a, b]).values()} == {""}
+        crash_at += 1
+    assert code == 0
+    # Every window was hit: per claim, prepare = rename (Started), rename (spec), fsync + rename
+    # + directory fsync (Completed); unprepare = two unlinks.
+    assert crash_at == (10 if scenario == "prepare" else 4)
+    node.restart()
+    _check_consistent(node)
+    assert len(node.spec_files()) == (2 if scenario == "prepare" else 0)

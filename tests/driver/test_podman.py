@@ -1,0 +1,144 @@
+"""A real container runtime consumes our CDI spec: podman + runc run busybox with ``--device``
+set to the CDI IDs the plugin returned, and the container sees the env, device nodes and driver
+mounts the spec promises.
+
+Set-up that works as root in a CI container without systemd or networking:
+runtime runc, cgroup manager cgroupfs, storage driver vfs (no overlay-on-overlay), file events,
+``--network=none``, low ``nofile``/``nproc`` ulimits (podman's default nofile exceeds the hard
+limit such sandboxes give), private ``--root``/``--runroot`` in a temp dir, and a busybox rootfs
+made from the static busybox binary with ``podman import``. Podman 4.x reads CDI specs only from
+/etc/cdi and /var/run/cdi, so it runs in a private mount namespace (``unshare -m``) in which our
+temp CDI directory is bind-mounted over /var/run/cdi; the host's directory is not touched.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import Node, claim_obj, gpu_config, new_uid, opaque
+
+PODMAN = shutil.which("podman")
+pytestmark = pytest.mark.skipif(
+    PODMAN is None, reason="podman is not installed (CI installs podman, runc, busybox-static)"
+)
+IMAGE = "localhost/dra-busybox:test"
+
+
+@pytest.fixture(scope="module")
+def podman() -> Iterator[list[str]]:
+    """The podman command line with isolated storage, and the busybox image imported."""
+    base = Path(tempfile.mkdtemp(prefix="dra-pm-", dir="/tmp"))
+    cmd = [
+        str(PODMAN),
+        "--root",
+        str(base / "root"),
+        "--runroot",
+        str(base / "run"),
+        "--storage-driver",
+        "vfs",
+        "--cgroup-manager",
+        "cgroupfs",
+        "--runtime",
+        "runc",
+        "--events-backend",
+        "file",
+    ]
+    busybox = shutil.which("busybox")
+    assert busybox, "busybox-static is needed to build the test image"
+    tar_path = base / "rootfs.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(busybox, arcname="bin/busybox")
+        for applet in ("sh", "env", "ls", "cat", "grep", "stat"):
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(link)
+    subprocess.run(
+        [*cmd, "import", str(tar_path), IMAGE], check=True, capture_output=True, timeout=120
+    )
+    yield cmd
+    subprocess.run([*cmd, "rm", "--all", "--force"], capture_output=True, timeout=60)
+    subprocess.run([*cmd, "rmi", "--all", "--force"], capture_output=True, timeout=60)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def run_with_cdi(podman: list[str], cdi_dir: Path, devices: list[str], script: str) -> str:
+    run = [
+        *podman,
+        "run",
+        "--rm",
+        "--network=none",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=512:512",
+    ]
+    for dev in devices:
+        run += ["--device", dev]
+    run += [IMAGE, "/bin/sh", "-c", script]
+    inner = (
+        f"mkdir -p /var/run/cdi && mount --bind {shlex.quote(str(cdi_dir))} /var/run/cdi "
+        f"&& exec {shlex.join(run)}"
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", inner], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"podman failed ({done.returncode}):\n{done.stderr}"
+    return done.stdout
+
+
+def test_container_gets_env_device_nodes_and_driver_mounts(podman: list[str], node: Node) -> None:
+    ref = node.add(
+        claim_obj(
+            name="pm",
+            uid=new_uid(),
+            devices=["gpu-0", "gpu-1"],
+            config=[opaque(gpu_config(env={"MY_SETTING": "from-config"}))],
+        )
+    )
+    result = node.driver.prepare([ref])[ref.uid]
+    assert result.error == ""
+    ids = [cdi_id for d in result.devices for cdi_id in d.cdi_device_ids]
+    uuids = [node.driver.state.devices.devices[n].uuid for n in ("gpu-0", "gpu-1")]
+    out = run_with_cdi(
+        podman,
+        node.cdi_root,
+        ids,
+        (
+            "env | sort; echo ---; "
+            "for d in /dev/nvidia*; do stat -c '%n %F %t:%T' $d; done; echo ---; "
+            "cat /usr/lib/x86_64-linux-gnu/libcuda.so.1; echo; "
+            "grep -E 'libcuda|nvidia-smi' /proc/mounts"
+        ),
+    )
+    env_part, dev_part, mount_part = out.split("---\n")
+    env = dict(line.split("=", 1) for line in env_part.splitlines() if "=" in line)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids)
+    assert env["MY_SETTING"] == "from-config"
+    assert env["NVIDIA_DRA_CLAIM"] == "default/pm"
+    nodes = {line.split()[0]: line.split(" ", 1)[1] for line in dev_part.splitlines()}
+    assert set(nodes) == {
+        "/dev/nvidia0",
+        "/dev/nvidia1",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    }  # not /dev/nvidia2..7
+    assert all(v == "character special file 1:3" for v in nodes.values())  # /dev/null behind
+    assert mount_part.splitlines()[0] == "cuda"
+    mounts = [line.split() for line in mount_part.splitlines()[1:]]
+    by_target = {m[1]: m[3].split(",") for m in mounts}
+    for target in ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/bin/nvidia-smi"):
+        assert "ro" in by_target[target], by_target
+
+    # Only the devices asked for: one CDI device of the claim gives one GPU node.
+    out = run_with_cdi(podman, node.cdi_root, ids[1:], "ls /dev/ | grep '^nvidia[0-9]'")
+    assert out.split() == ["nvidia1"]
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}

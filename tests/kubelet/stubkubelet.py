@@ -1,0 +1,213 @@
+"""A stand-in kubelet for the DRA plugin, over real unix sockets, and a plugin subprocess runner.
+
+The stub does what the kubelet's plugin watcher and DRA manager do: find ``<driver>-reg.sock`` in
+the registry directory, call ``GetInfo``, check the answer, report ``NotifyRegistrationStatus``,
+then dial the advertised endpoint and call NodePrepareResources / NodeUnprepareResources with the
+version it picked (the first advertised one it supports, like the kubelet).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from dra_driver.driver import claims
+from dra_driver.pb.dra.v1 import dra_pb2 as v1_pb2
+from dra_driver.pb.dra.v1 import dra_pb2_grpc as v1_grpc
+from dra_driver.pb.dra.v1beta1 import dra_pb2 as v1beta1_pb2
+from dra_driver.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
+from dra_driver.pb.pluginregistration.v1 import registration_pb2, registration_pb2_grpc
+
+VERSIONS: dict[str, tuple[ModuleType, Any]] = {
+    "v1.DRAPlugin": (v1_pb2, v1_grpc.DRAPluginStub),
+    "v1beta1.DRAPlugin": (v1beta1_pb2, v1beta1_grpc.DRAPluginStub),
+}
+TIMEOUT_S = 45.0  # the kubelet's per-call deadline
+
+
+class RegistrationRefused(Exception):
+    pass
+
+
+class StubKubelet:
+    def __init__(self, registry_dir: Path, *, supported: Sequence[str] = tuple(VERSIONS)) -> None:
+        self.registry_dir = registry_dir
+        self.supported = tuple(supported)
+        self.info: Any = None
+        self.version = ""
+        self._channels: list[grpc.Channel] = []
+        self._dra_channel: grpc.Channel | None = None
+
+    def register(self, driver: str, *, accept: bool = True, timeout_s: float = 20.0) -> Any:
+        sock = self.registry_dir / f"{driver}-reg.sock"
+        channel = self._channel(sock, timeout_s)
+        reg = registration_pb2_grpc.RegistrationStub(channel)
+        info = reg.GetInfo(registration_pb2.InfoRequest(), timeout=5)
+        problems = []
+        if info.type != "DRAPlugin":
+            problems.append(f"type {info.type!r}")
+        if info.name != driver:
+            problems.append(f"name {info.name!r}")
+        if not os.path.isabs(info.endpoint):
+            problems.append(f"endpoint {info.endpoint!r} not absolute")
+        usable = [v for v in info.supported_versions if v in self.supported]
+        if not usable:
+            problems.append(f"no supported version in {list(info.supported_versions)}")
+        error = "; ".join(problems) if problems else ("" if accept else "refused by the test")
+        reg.NotifyRegistrationStatus(
+            registration_pb2.RegistrationStatus(plugin_registered=not error, error=error),
+            timeout=5,
+        )
+        if error:
+            raise RegistrationRefused(error)
+        self.info, self.version = info, usable[0]
+        return info
+
+    def _channel(self, sock: Path, timeout_s: float) -> grpc.Channel:
+        deadline = time.monotonic() + timeout_s
+        while not sock.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{sock} did not appear within {timeout_s}s")
+            time.sleep(0.02)
+        channel = grpc.insecure_channel(f"unix://{sock}")
+        grpc.channel_ready_future(channel).result(timeout=max(1.0, deadline - time.monotonic()))
+        self._channels.append(channel)
+        return channel
+
+    def dra(self, version: str | None = None) -> tuple[ModuleType, Any]:
+        """The DRA stub of ``version`` on the registered endpoint (one channel, dialed once)."""
+        if self._dra_channel is None:
+            self._dra_channel = self._channel(Path(self.info.endpoint), 10.0)
+        pb, stub_type = VERSIONS[version or self.version]
+        return pb, stub_type(self._dra_channel)
+
+    def prepare(self, refs: Sequence[claims.ClaimRef], version: str | None = None) -> Any:
+        pb, stub = self.dra(version)
+        request = pb.NodePrepareResourcesRequest(
+            claims=[pb.Claim(namespace=r.namespace, uid=r.uid, name=r.name) for r in refs]
+        )
+        return stub.NodePrepareResources(request, timeout=TIMEOUT_S)
+
+    def unprepare(self, refs: Sequence[claims.ClaimRef], version: str | None = None) -> Any:
+        pb, stub = self.dra(version)
+        request = pb.NodeUnprepareResourcesRequest(
+            claims=[pb.Claim(namespace=r.namespace, uid=r.uid, name=r.name) for r in refs]
+        )
+        return stub.NodeUnprepareResources(request, timeout=TIMEOUT_S)
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+        self._channels.clear()
+        self._dra_channel = None
+
+
+class PluginProcess:
+    """``python -m dra_driver kubelet-plugin`` with paths under ``base`` (keep it short)."""
+
+    def __init__(
+        self,
+        *,
+        base: Path,
+        kubeconfig: Path,
+        node: str = "n1",
+        driver: str = "gpu.nvidia.com",
+        fake: str = "dgx-h100",
+        extra: Sequence[str] = (),
+    ) -> None:
+        self.base = base
+        self.driver = driver
+        self.registry_dir = base / "registry"
+        self.plugins_dir = base / "plugins"
+        self.cdi_root = base / "cdi"
+        self.log_path = base / "plugin.log"
+        self.argv = [
+            sys.executable,
+            "-m",
+            "dra_driver",
+            "--log-format",
+            "json",
+            "--log-level",
+            "debug",
+            "kubelet-plugin",
+            "--node-name",
+            node,
+            "--driver-name",
+            driver,
+            "--kubelet-registry-dir",
+            str(self.registry_dir),
+            "--kubelet-plugins-dir",
+            str(self.plugins_dir),
+            "--cdi-root",
+            str(self.cdi_root),
+            "--kubeconfig",
+            str(kubeconfig),
+            "--fake",
+            fake,
+            "--no-publish",
+            "--cleanup-interval",
+            "0",
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registry_dir / f"{self.driver}-reg.sock"
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugins_dir / self.driver / "dra.sock"
+
+    def start(self) -> PluginProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        return self
+
+    def wait_ready(self, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"plugin exited with {self.proc.returncode}:\n{self.log()}")
+            if self.registration_socket.exists() and self.dra_socket.exists() and self._answers():
+                return
+            time.sleep(0.02)
+        raise TimeoutError(f"plugin not ready after {timeout_s}s:\n{self.log()}")
+
+    def _answers(self) -> bool:
+        """The sockets may be stale ones of a killed predecessor: ready = GetInfo answers."""
+        with grpc.insecure_channel(f"unix://{self.registration_socket}") as channel:
+            try:
+                registration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                    registration_pb2.InfoRequest(), timeout=1
+                )
+            except grpc.RpcError:
+                return False
+        return True
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout_s: float = 20.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -1,0 +1,140 @@
+"""Crash safety: SIGKILL the plugin at random points of many prepare/unprepare cycles.
+
+After every restart the test kubelet redoes its calls. At the end, with the plugin restarted once
+more (recovery runs before its sockets appear), disk must be consistent: no CDI spec without a
+prepared claim, no prepared claim without its spec (identical to the checkpointed one), nothing
+half-done, and every claim must unprepare cleanly and prepare again.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+
+from dra_driver.driver import claims
+from dra_driver.kube import fakeserver
+
+from .stubkubelet import PluginProcess, StubKubelet
+
+BUDGET_S = 10.0  # killing and restarting; the whole test stays near 20 s
+
+
+def _claims(server: fakeserver.FakeApiServer, count: int) -> list[claims.ClaimRef]:
+    refs = []
+    for i in range(count):
+        uid = str(uuid.uuid4())
+        server.api.put_resource_claim(
+            {
+                "metadata": {"name": f"c{i}", "namespace": "crash", "uid": uid},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                        ]
+                    }
+                },
+                "status": {
+                    "allocation": {
+                        "devices": {
+                            "results": [
+                                {
+                                    "request": "gpu",
+                                    "driver": "gpu.nvidia.com",
+                                    "pool": "n1",
+                                    "device": f"gpu-{i}",
+                                }
+                            ]
+                        }
+                    }
+                },
+            }
+        )
+        refs.append(claims.ClaimRef(uid=uid, namespace="crash", name=f"c{i}"))
+    return refs
+
+
+def _churn(
+    kubelet: StubKubelet,
+    refs: list[claims.ClaimRef],
+    rng: random.Random,
+    stop: threading.Event,
+    outcome: dict[str, list[str]],
+) -> None:
+    """Random batches of prepare/unprepare until the plugin dies or ``stop`` is set."""
+    while not stop.is_set():
+        batch = rng.sample(refs, rng.randint(1, len(refs)))
+        try:
+            call = kubelet.prepare if rng.random() < 0.5 else kubelet.unprepare
+            response = call(batch)
+        except grpc.RpcError:
+            outcome["interrupted"].append("killed under a call")
+            return
+        outcome["errors"] += [c.error for c in response.claims.values() if c.error]
+        outcome["calls"].append("ok")
+
+
+def test_sigkill_at_random_points_leaves_consistent_state(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    rng = random.Random(4)
+    refs = _claims(apiserver, 8)
+    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
+    kills = 0
+    outcome: dict[str, list[str]] = {"errors": [], "calls": [], "interrupted": []}
+    started = time.monotonic()
+    while time.monotonic() - started < BUDGET_S:
+        plugin = PluginProcess(base=short_dir, kubeconfig=kubeconfig).start()
+        plugin.wait_ready()
+        kubelet = StubKubelet(plugin.registry_dir)
+        kubelet.register("gpu.nvidia.com")
+        stop = threading.Event()
+        churn = threading.Thread(target=_churn, args=(kubelet, refs, rng, stop, outcome))
+        churn.start()
+        time.sleep(rng.uniform(0.05, 0.4))
+        plugin.signal(signal.SIGKILL)
+        plugin.wait()
+        stop.set()
+        churn.join(timeout=60)
+        kubelet.close()
+        kills += 1
+    assert kills >= 3
+    assert outcome["errors"] == []
+    assert len(outcome["interrupted"]) >= kills - 1  # the kills landed in the middle of calls
+    assert len(outcome["calls"]) >= kills
+
+    plugin = PluginProcess(base=short_dir, kubeconfig=kubeconfig).start()
+    try:
+        plugin.wait_ready()
+        cdi = {p.name for p in plugin.cdi_root.glob("*.json")}
+        records = {
+            p.stem: json.loads(p.read_text())
+            for p in (plugin.plugins_dir / "gpu.nvidia.com" / "claims").glob("*.json")
+        }
+        assert all(r["state"] == "PrepareCompleted" for r in records.values())
+        assert cdi == {f"k8s.gpu.nvidia.com-claim_{uid}.json" for uid in records}
+        for uid, rec in records.items():
+            on_disk = json.loads(
+                (plugin.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text()
+            )
+            assert on_disk == rec["cdiSpec"]
+        assert not [p for p in plugin.cdi_root.iterdir() if p.name.startswith(".")]
+        assert not list((plugin.plugins_dir / "gpu.nvidia.com" / "claims-aside").glob("*"))
+
+        kubelet = StubKubelet(plugin.registry_dir)
+        kubelet.register("gpu.nvidia.com")
+        response = kubelet.unprepare(refs)
+        assert {c.error for c in response.claims.values()} == {""}
+        assert list(plugin.cdi_root.glob("*.json")) == []
+        response = kubelet.prepare(refs)
+        assert {c.error for c in response.claims.values()} == {""}, response
+        assert len(list(plugin.cdi_root.glob("*.json"))) == len(refs)
+        kubelet.close()
+    finally:
+        plugin.kill()

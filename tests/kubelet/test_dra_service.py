@@ -1,0 +1,190 @@
+"""The DRA and registration services in-process over real unix sockets: the wire shape and
+bad input (malformed bytes, odd claims, garbage configs) that must never stop the server."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from dra_driver import app, logs
+from dra_driver.devices import fake
+from dra_driver.driver import claims
+from dra_driver.kube import memory
+from dra_driver.kubelet import server
+
+from .stubkubelet import StubKubelet
+
+PREPARE_V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+
+
+class Running:
+    def __init__(self, base: Path) -> None:
+        self.api = memory.InMemoryApi(use_default_cel=False)
+        self.settings = app.PluginSettings(
+            node_name="n1",
+            registry_dir=base / "reg",
+            plugins_dir=base / "plugins",
+            cdi_root=base / "cdi",
+            driver_root=base / "none",
+            fake=True,
+            boot_id_file=base / "boot",
+            cleanup_interval_s=0,
+            publish=False,
+        )
+        self.stop = threading.Event()
+        self.done = threading.Event()
+        self.code: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.code = app.run(
+                self.settings,
+                backend=fake.FakeBackend.from_name("dgx-h100"),
+                api=self.api,
+                stop=self.stop,
+                log=logs.get("test"),
+            )
+        finally:
+            self.done.set()
+
+    def claim(
+        self, name: str, results: list[dict[str, Any]], config: list[dict[str, Any]] | None = None
+    ) -> claims.ClaimRef:
+        uid = str(uuid.uuid4())
+        self.api.put_resource_claim(
+            {
+                "metadata": {"name": name, "namespace": "ns", "uid": uid},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                        ]
+                    }
+                },
+                "status": {"allocation": {"devices": {"results": results, "config": config or []}}},
+            }
+        )
+        return claims.ClaimRef(uid=uid, namespace="ns", name=name)
+
+
+def result(device: str, *, driver: str = "gpu.nvidia.com", pool: str = "n1") -> dict[str, Any]:
+    return {"request": "gpu", "driver": driver, "pool": pool, "device": device}
+
+
+@pytest.fixture
+def running(short_dir: Path) -> Iterator[Running]:
+    r = Running(short_dir)
+    r.thread.start()
+    yield r
+    r.stop.set()
+    r.done.wait(10)
+
+
+def test_bad_input_gets_per_claim_errors_and_the_server_keeps_serving(running: Running) -> None:
+    kubelet = StubKubelet(running.settings.registry_dir)
+    kubelet.register("gpu.nvidia.com")
+    pb, stub = kubelet.dra()
+    channel = kubelet._dra_channel
+    assert channel is not None
+
+    raw = channel.unary_unary(PREPARE_V1)  # no serializers: raw bytes
+    with pytest.raises(grpc.RpcError) as err:
+        raw(b"\xff\xff\xff garbage", timeout=5)
+    assert err.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+    with pytest.raises(grpc.RpcError) as err:
+        channel.unary_unary("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/Nope")(b"", timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+    assert len(stub.NodePrepareResources(pb.NodePrepareResourcesRequest(), timeout=5).claims) == 0
+    good = running.claim("good", [result("gpu-0")])
+    other_driver = running.claim("nic", [result("eth0", driver="net.example.com")])
+    other_pool = running.claim("far", [result("gpu-1", pool="n9")])
+    garbage_cfg = running.claim(
+        "cfg",
+        [result("gpu-2")],
+        config=[
+            {
+                "source": "FromClaim",
+                "opaque": {
+                    "driver": "gpu.nvidia.com",
+                    "parameters": {
+                        "apiVersion": "gpu.nvidia.com/v1",
+                        "kind": "GpuConfig",
+                        "sharing": "lots",
+                    },
+                },
+            }
+        ],
+    )
+    foreign_cfg = running.claim(
+        "fcfg",
+        [result("gpu-3")],
+        config=[
+            {"source": "FromClaim", "opaque": {"driver": "other.io", "parameters": {"x": [1]}}}
+        ],
+    )
+    request = pb.NodePrepareResourcesRequest(
+        claims=[
+            pb.Claim(namespace=r.namespace, uid=r.uid, name=r.name)
+            for r in (good, good, other_driver, other_pool, garbage_cfg, foreign_cfg)
+        ]
+        + [pb.Claim(), pb.Claim(namespace="ns", uid="not a uid!", name="x")]
+    )
+    response = stub.NodePrepareResources(request, timeout=10)
+    errors = {uid: entry.error for uid, entry in response.claims.items()}
+    assert errors[good.uid] == "" and errors[foreign_cfg.uid] == ""
+    assert "has no devices of driver gpu.nvidia.com" in errors[other_driver.uid]
+    assert "n9/gpu-1" in errors[other_pool.uid]
+    assert "ns/cfg" in errors[garbage_cfg.uid] and "field sharing" in errors[garbage_cfg.uid]
+    assert "invalid claim uid ''" in errors[""]
+    assert "invalid claim uid 'not a uid!'" in errors["not a uid!"]
+    assert len(response.claims) == 7
+
+    unprep = stub.NodeUnprepareResources(
+        pb.NodeUnprepareResourcesRequest(
+            claims=[pb.Claim(namespace="ns", uid=good.uid, name="good"), pb.Claim()]
+        ),
+        timeout=5,
+    )
+    assert unprep.claims[good.uid].error == "" and "invalid claim uid" in unprep.claims[""].error
+    again = running.claim("again", [result("gpu-0")])
+    assert kubelet.prepare([again]).claims[again.uid].error == ""
+    kubelet.close()
+
+
+def test_share_id_only_on_v1(running: Running) -> None:
+    share = "33333333-3333-4333-8333-333333333333"
+    ref = running.claim("s", [{**result("gpu-4"), "shareID": share}])
+    kubelet = StubKubelet(running.settings.registry_dir)
+    kubelet.register("gpu.nvidia.com")
+    (dev,) = kubelet.prepare([ref], version="v1.DRAPlugin").claims[ref.uid].devices
+    assert dev.HasField("share_id") and dev.share_id == share
+    (old,) = kubelet.prepare([ref], version="v1beta1.DRAPlugin").claims[ref.uid].devices
+    assert old.device_name == "gpu-4" and not hasattr(old, "share_id")
+    plain = running.claim("p", [result("gpu-5")])
+    (dev,) = kubelet.prepare([plain]).claims[plain.uid].devices
+    assert not dev.HasField("share_id")
+    kubelet.close()
+
+
+def test_stop_removes_sockets_and_refuses_foreign_files(running: Running, short_dir: Path) -> None:
+    StubKubelet(running.settings.registry_dir).register("gpu.nvidia.com")
+    running.stop.set()
+    assert running.done.wait(10) and running.code == 0
+    assert not running.settings.registration_socket.exists()
+    assert not running.settings.dra_socket.exists()
+    occupied = short_dir / "not-a-socket"
+    occupied.write_text("precious")
+    with pytest.raises(server.SocketError, match="is not a socket"):
+        server.remove_stale_socket(occupied)
+    assert occupied.read_text() == "precious"
+    too_long = server.UnixServer(path=short_dir / ("x" * 120), services=[], log=logs.get("t"))
+    with pytest.raises(server.SocketError, match="longer than 107 bytes"):
+        too_long.start()
