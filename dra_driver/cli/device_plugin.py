@@ -1,0 +1,133 @@
+"""``dra-driver device-plugin``: serve ``nvidia.com/gpu`` over the kubelet device plugin API.
+
+The legacy mode for clusters and charts that still ask for ``resources.limits: nvidia.com/gpu``
+(docs/device-plugin.md). It discovers GPUs like every other subcommand, then runs
+:class:`dra_driver.deviceplugin.app.DevicePluginApp` until SIGTERM/SIGINT, removing its sockets
+on the way out. Exit codes: 0 clean shutdown, 1 the kubelet refused us, 2 bad flags or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import TypeVar
+
+from dra_driver import logs
+from dra_driver.cli import common
+from dra_driver.deviceplugin import allocate, app, cdi, health, inventory, registrar
+from dra_driver.devices import backend
+
+_log = logs.get("cli.device_plugin")
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from dra_driver.cli import env_default
+
+    parser = sub.add_parser(
+        "device-plugin",
+        help="serve nvidia.com/gpu through the kubelet device plugin API",
+        description="Legacy device-plugin mode (docs/device-plugin.md). Do not run it on a node "
+        "where the DRA kubelet plugin serves the same GPUs.",
+    )
+    common.add_backend_flags(parser)
+    parser.add_argument(
+        "--resource-name",
+        default=env_default("RESOURCE_NAME", "nvidia.com/gpu"),
+        help="extended resource to serve (env RESOURCE_NAME; default nvidia.com/gpu)",
+    )
+    parser.add_argument(
+        "--device-plugin-dir",
+        type=Path,
+        default=env_default("DEVICE_PLUGIN_DIR", "/var/lib/kubelet/device-plugins"),
+        help="kubelet device plugin directory holding kubelet.sock (env DEVICE_PLUGIN_DIR)",
+    )
+    parser.add_argument(
+        "--device-list-strategy",
+        default=env_default("DEVICE_LIST_STRATEGY", "cdi"),
+        help="cdi: answer Allocate with CDI device names; envvar: NVIDIA_VISIBLE_DEVICES and "
+        "device specs (env DEVICE_LIST_STRATEGY; default cdi)",
+    )
+    parser.add_argument(
+        "--cdi-root",
+        type=Path,
+        default=env_default("CDI_ROOT", "/var/run/cdi"),
+        help="where the static CDI spec is written (env CDI_ROOT; default /var/run/cdi)",
+    )
+    parser.add_argument(
+        "--cdi-kind",
+        default=env_default("CDI_KIND", cdi.DEFAULT_KIND),
+        help=f"CDI vendor/class of the spec (env CDI_KIND; default {cdi.DEFAULT_KIND})",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=env_default("GPU_REPLICAS", "1"),
+        help="time-slicing replicas per GPU; IDs become <uuid>::<n> (env GPU_REPLICAS)",
+    )
+    parser.add_argument(
+        "--mig-strategy",
+        default=env_default("MIG_STRATEGY", "none"),
+        help="none | single | mixed (env MIG_STRATEGY; default none)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def config_from_args(args: argparse.Namespace) -> app.Config:
+    """Settings from flags; raises UsageError naming the bad flag and the allowed values."""
+    strategy = _choice(allocate.Strategy, args.device_list_strategy, "--device-list-strategy")
+    mig = _choice(inventory.MigStrategy, args.mig_strategy, "--mig-strategy")
+    return app.Config(
+        resource_name=args.resource_name,
+        plugin_dir=Path(args.device_plugin_dir),
+        strategy=strategy,
+        cdi_root=Path(args.cdi_root),
+        cdi_kind=args.cdi_kind,
+        replicas=args.replicas,
+        mig_strategy=mig,
+        fake_node=cdi.FAKE_NODE if (args.fake or args.fake_file) else None,
+    )
+
+
+def _choice(enum_type: type[_E], value: str, flag: str) -> _E:
+    try:
+        return enum_type(value)
+    except ValueError:
+        allowed = ", ".join(e.value for e in enum_type)
+        raise common.UsageError(f"{flag} {value!r} is not one of: {allowed}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+        devices = common.make_backend(args).discover()
+        plugin = app.DevicePluginApp(
+            config=config, devices=devices, health_source=health.HealthBoard()
+        )
+    except (
+        common.UsageError,
+        backend.DiscoveryError,
+        inventory.InventoryError,
+        cdi.CdiError,
+        registrar.RegistrationError,
+    ) as exc:
+        return common.fail(str(exc))
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        _log.info("shutting down", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        fatal = plugin.run(stop)
+    except (cdi.CdiError, registrar.RegistrationError) as exc:
+        return common.fail(str(exc), code=1)
+    if fatal is not None:
+        return common.fail(str(fatal), code=1)
+    return 0

@@ -1,0 +1,137 @@
+"""``dra-driver device-plugin`` as a process: registers, honours env twins, exits cleanly on
+SIGTERM (removing its socket), and refuses bad flags with one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
+from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+
+
+class Recorder(pb_grpc.RegistrationServicer):
+    """The kubelet's Registration service, remembering what it was told."""
+
+    def __init__(self) -> None:
+        self.requests: list[pb.RegisterRequest] = []
+        self.arrived = threading.Event()
+
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self.requests.append(request)
+        self.arrived.set()
+        return pb.Empty()
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="dpcli"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def recorder(plugin_dir: Path) -> Iterator[Recorder]:
+    rec = Recorder()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_RegistrationServicer_to_server(rec, server)
+    server.add_insecure_port(f"unix://{plugin_dir / 'kubelet.sock'}")
+    server.start()
+    yield rec
+    server.stop(grace=0)
+
+
+def start(
+    plugin_dir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dra_driver",
+            "--log-format",
+            "json",
+            "device-plugin",
+            "--device-plugin-dir",
+            str(plugin_dir),
+            "--cdi-root",
+            str(plugin_dir / "cdi"),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_serves_registers_and_shuts_down_cleanly_on_sigterm(
+    plugin_dir: Path, recorder: Recorder
+) -> None:
+    proc = start(
+        plugin_dir,
+        "--fake",
+        "h100-nvl-pairs",
+        env={"RESOURCE_NAME": "example.com/gpu", "GPU_REPLICAS": "2"},
+    )
+    try:
+        assert recorder.arrived.wait(timeout=15), "no registration from the subprocess"
+        [req] = recorder.requests
+        assert (req.version, req.resource_name) == ("v1beta1", "example.com/gpu")
+        sock = plugin_dir / req.endpoint
+        assert sock.is_socket()
+        with grpc.insecure_channel(f"unix://{sock}") as channel:
+            first = next(
+                iter(pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty(), timeout=5))
+            )
+        assert len(first.devices) == 8 and first.devices[0].ID.endswith("::0")
+        spec = json.loads(
+            (plugin_dir / "cdi" / "k8s.device-plugin.nvidia.com-gpu.json").read_text()
+        )
+        hosts = {n.get("hostPath") for n in spec["containerEdits"]["deviceNodes"]}
+        assert hosts == {"/dev/null"}  # fake: no /dev/nvidia* nodes on this host
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert not sock.exists()
+    assert '"shutting down"' in err and "SIGTERM" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--device-list-strategy", "legacy"],
+            "--device-list-strategy 'legacy' is not one of: cdi, envvar",
+        ),
+        (["--mig-strategy", "many"], "--mig-strategy 'many' is not one of: none, single, mixed"),
+        (["--resource-name", "gpu"], "resource name 'gpu' is not a valid extended resource name"),
+        (["--fake", "a100-mig", "--mig-strategy", "single"], "--mig-strategy single needs"),
+        (["--replicas", "0"], "--replicas must be between 1 and"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_clear_line(
+    plugin_dir: Path, args: list[str], message: str
+) -> None:
+    base = [] if "--fake" in args else ["--fake", "pcie-l4"]
+    proc = start(plugin_dir, *base, *args)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert f"dra-driver: error: {message}" in err
+    assert list(plugin_dir.glob("*.sock")) == []

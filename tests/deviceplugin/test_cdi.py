@@ -1,0 +1,108 @@
+"""The static CDI spec: valid against the CDI schema, stable, and put back when it goes missing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import referencing
+import referencing.jsonschema
+
+from dra_driver.deviceplugin import cdi, inventory
+from dra_driver.devices import fake
+
+
+def units(
+    name: str,
+    mig: inventory.MigStrategy = inventory.MigStrategy.NONE,
+) -> list[inventory.Unit]:
+    devs = fake.FakeBackend.from_name(name).discover()
+    resources = inventory.build(devs, resource_name="nvidia.com/gpu", mig_strategy=mig)
+    return [d.unit for r in resources for d in r.devices]
+
+
+def validate(reference_dir: Path, spec: dict[str, Any]) -> None:
+    folder = reference_dir / "cdi"
+    schema = json.loads((folder / "schema.json").read_text())
+    defs = json.loads((folder / "defs.json").read_text())
+    registry: referencing.Registry[Any] = referencing.Registry().with_resource(
+        "defs.json",
+        referencing.Resource.from_contents(
+            defs, default_specification=referencing.jsonschema.DRAFT7
+        ),
+    )
+    jsonschema.Draft7Validator(schema, registry=registry).validate(spec)
+
+
+def test_spec_is_valid_cdi_with_one_device_per_uuid(reference_dir: Path) -> None:
+    us = units("dgx-1-v100")
+    spec = cdi.build_spec(us, kind=cdi.DEFAULT_KIND, fake_node=None)
+    validate(reference_dir, spec)
+    assert spec["cdiVersion"] == "0.3.0"
+    assert [d["name"] for d in spec["devices"]] == sorted(u.uuid for u in us)
+    by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+    gpu3 = us[3]
+    assert by_name[gpu3.uuid] == {
+        "env": [f"GPU_DEVICE_3={gpu3.uuid}"],
+        "deviceNodes": [{"path": "/dev/nvidia3"}],
+    }
+    assert spec["containerEdits"]["deviceNodes"] == [{"path": p} for p in cdi.CONTROL_NODES]
+
+
+def test_fake_spec_backs_every_node_with_dev_null(reference_dir: Path) -> None:
+    us = units("h100-nvl-pairs")
+    spec = cdi.build_spec(us, kind=cdi.DEFAULT_KIND, fake_node="/dev/null")
+    validate(reference_dir, spec)
+    assert spec["cdiVersion"] == "0.5.0"  # hostPath needs 0.5.0
+    nodes = [n for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+    nodes += spec["containerEdits"]["deviceNodes"]
+    assert {n["hostPath"] for n in nodes} == {"/dev/null"}
+    per_device = {d["name"]: d["containerEdits"]["deviceNodes"][0]["path"] for d in spec["devices"]}
+    assert per_device == {u.uuid: f"/dev/nvidia{u.minor}" for u in us}
+
+
+def test_mig_devices_get_their_own_names_and_the_parent_node(reference_dir: Path) -> None:
+    us = units("a100-mig", inventory.MigStrategy.MIXED)
+    spec = cdi.build_spec(us, kind=cdi.DEFAULT_KIND, fake_node=None)
+    validate(reference_dir, spec)
+    mig = next(u for u in us if u.mig is not None and u.mig.placement_start == 4)
+    edits = next(d["containerEdits"] for d in spec["devices"] if d["name"] == mig.uuid)
+    assert edits["deviceNodes"] == [{"path": "/dev/nvidia0"}]
+    assert edits["env"] == [f"GPU_DEVICE_0_MIG_4={mig.uuid}"]
+
+
+@pytest.mark.parametrize("kind", ["nvidia.com", "nvidia.com/gpu.x", "-x/gpu", "a/b/c", "/gpu"])
+def test_bad_kinds_are_refused(kind: str) -> None:
+    with pytest.raises(cdi.CdiError, match="is not <vendor>/<class>"):
+        cdi.build_spec(units("pcie-l4"), kind=kind, fake_node=None)
+
+
+def test_static_spec_writes_once_and_restores_a_missing_or_edited_file(tmp_path: Path) -> None:
+    spec = cdi.StaticSpec(
+        root=tmp_path / "cdi",
+        kind="example.com/gpu",
+        units=units("pcie-l4"),
+        fake_node=None,
+    )
+    assert spec.path == tmp_path / "cdi" / "example.com-gpu.json"
+    assert spec.ensure() is True
+    assert spec.ensure() is False  # unchanged: no rewrite
+    spec.path.write_text("{}")
+    assert spec.ensure() is True
+    assert json.loads(spec.path.read_text()) == spec.spec
+    spec.path.unlink()
+    assert spec.ensure() is True and spec.path.is_file()
+    assert [p.name for p in spec.path.parent.iterdir()] == ["example.com-gpu.json"]
+
+
+def test_unwritable_cdi_root_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    spec = cdi.StaticSpec(
+        root=blocker / "cdi", kind=cdi.DEFAULT_KIND, units=units("pcie-l4"), fake_node=None
+    )
+    with pytest.raises(cdi.CdiError, match=r"cannot write CDI spec .*not-a-dir/cdi"):
+        spec.ensure()

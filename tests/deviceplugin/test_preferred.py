@@ -1,0 +1,90 @@
+"""Preferred allocation is optimal (checked against every combination) and spreads replicas."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from dra_driver.deviceplugin import inventory, preferred
+from dra_driver.devices import fake, model, topology
+
+MigStrategy = inventory.MigStrategy
+
+
+def setup(
+    name: str, replicas: int = 1
+) -> tuple[model.NodeDevices, inventory.Resource, topology.Topology]:
+    devs = fake.FakeBackend.from_name(name).discover()
+    [res] = inventory.build(
+        devs, resource_name="nvidia.com/gpu", mig_strategy=MigStrategy.NONE, replicas=replicas
+    )
+    return devs, res, topology.build(devs)
+
+
+def gpus_of(res: inventory.Resource, ids: list[str]) -> list[int]:
+    return [res.device(i).unit.gpu_index for i in ids]
+
+
+@pytest.mark.parametrize("name", ["dgx-1-v100", "h100-nvl-pairs", "dgx-h100", "pcie-l4"])
+def test_every_size_scores_as_well_as_the_best_combination(name: str) -> None:
+    _, res, topo = setup(name)
+    ids = [d.id for d in res.devices]
+    for size in range(1, len(ids) + 1):
+        chosen = gpus_of(
+            res, preferred.choose(res, topo, available=ids, must_include=[], size=size)
+        )
+        best = max(topo.score(c) for c in itertools.combinations(range(len(ids)), size))
+        assert len(chosen) == size and topo.score(chosen) == best, (name, size, chosen)
+
+
+def test_must_include_is_kept_and_the_rest_is_optimal_around_it() -> None:
+    _, res, topo = setup("dgx-1-v100")
+    ids = [d.id for d in res.devices]
+    for must in ([5], [0, 7], [2, 4, 6]):
+        chosen = gpus_of(
+            res,
+            preferred.choose(res, topo, available=ids, must_include=[ids[m] for m in must], size=4),
+        )
+        assert set(must) <= set(chosen)
+        best = max(
+            topo.score(c) for c in itertools.combinations(range(8), 4) if set(must) <= set(c)
+        )
+        assert topo.score(chosen) == best
+
+
+def test_replicas_spread_over_distinct_gpus_before_doubling_up() -> None:
+    _, res, topo = setup("h100-nvl-pairs", replicas=2)
+    ids = [d.id for d in res.devices]
+    two = gpus_of(res, preferred.choose(res, topo, available=ids, must_include=[], size=2))
+    assert sorted(two) == [0, 1]  # two GPUs of one bridged pair, not one GPU twice
+    three = gpus_of(res, preferred.choose(res, topo, available=ids, must_include=[], size=3))
+    assert len(set(three)) == 3
+    six = gpus_of(res, preferred.choose(res, topo, available=ids, must_include=[], size=6))
+    assert sorted(six.count(g) for g in range(4)) == [1, 1, 2, 2]
+
+
+def test_replicas_prefer_the_least_loaded_gpu_when_topology_ties() -> None:
+    _, res, topo = setup("pcie-l4", replicas=4)
+    # GPU 0 has one free replica left, GPU 1 all four: same switch, so pick GPU 1 first.
+    offered = [d.id for d in res.devices if d.unit.gpu_index == 1 or d.replica == 3]
+    got = gpus_of(res, preferred.choose(res, topo, available=offered, must_include=[], size=1))
+    assert got == [1]
+
+
+def test_replicas_with_must_include_fill_other_gpus_first() -> None:
+    _, res, topo = setup("h100-nvl-pairs", replicas=2)
+    ids = [d.id for d in res.devices]
+    must = [ids[4]]  # a replica of GPU 2
+    got = preferred.choose(res, topo, available=ids, must_include=must, size=2)
+    assert ids[4] in got
+    assert sorted(gpus_of(res, got)) == [2, 3]
+
+
+def test_size_errors_are_request_errors() -> None:
+    _, res, topo = setup("pcie-l4")
+    ids = [d.id for d in res.devices]
+    with pytest.raises(inventory.RequestError, match="at least 1"):
+        preferred.choose(res, topo, available=ids, must_include=[], size=0)
+    with pytest.raises(inventory.RequestError, match="larger than the 4 available"):
+        preferred.choose(res, topo, available=ids, must_include=[], size=5)
