@@ -1,0 +1,252 @@
+"""Prometheus metrics of the node agent, in one registry the composition root hands around.
+
+Why it exists: an operator must see from outside whether prepares succeed and how long they take
+(the kubelet gives up after 45 s), how many claims and devices a node holds, whether slice
+publishing keeps failing and whether NVML is erroring. All metrics live in an explicit
+``CollectorRegistry`` (never prometheus-client's global one), so two agents in one test process
+do not collide and tests read exact values.
+
+Label values are closed sets (operation, result) to keep the series count bounded; per-claim
+detail belongs in the logs, not in labels.
+
+Names (prefix ``dra_driver_``):
+
+========================================== ========= =========================================
+name                                       type      labels
+========================================== ========= =========================================
+requests_total                             counter   operation (prepare|unprepare), result
+request_duration_seconds                   histogram operation
+requests_in_flight                         gauge     operation
+prepared_claims / prepared_devices         gauge
+resourceslice_publish_total                counter   result (success|error)
+resourceslices                             gauge     (slices in the last published state)
+nvml_errors_total                          counter   call (e.g. init, discover, health)
+build_info                                 gauge     version (always 1)
+========================================== ========= =========================================
+
+One *request* is one claim's prepare or unprepare (the kubelet batches claims in one RPC; the
+per-claim outcome is what an operator needs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Literal
+
+import prometheus_client as prom
+import structlog
+
+from dra_driver import __version__
+
+Operation = Literal["prepare", "unprepare"]
+Result = Literal["success", "error"]
+
+OPERATIONS: tuple[Operation, ...] = ("prepare", "unprepare")
+RESULTS: tuple[Result, ...] = ("success", "error")
+NAMESPACE = "dra_driver"
+
+# Resolve sub-millisecond prepares (fake GPUs, repeated prepare) up to the kubelet's 45 s limit.
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    45.0,
+)
+
+
+class MetricsError(Exception):
+    """A metric was fed a value outside its closed label set or range."""
+
+
+class RequestTimer:
+    """Handle inside :meth:`DriverMetrics.request`: record the devices, or :meth:`fail`."""
+
+    __slots__ = ("devices", "error", "result")
+
+    def __init__(self) -> None:
+        self.result: Result = "success"
+        self.error = ""
+        self.devices: Sequence[str] = ()
+
+    def fail(self, error: str = "") -> None:
+        """Count this request as ``result="error"`` although no exception escaped."""
+        self.result = "error"
+        self.error = error or self.error
+
+
+class DriverMetrics:
+    """Every metric of the agent, registered in ``registry``."""
+
+    def __init__(self, *, registry: prom.CollectorRegistry, namespace: str = NAMESPACE) -> None:
+        self.registry = registry
+        self.requests = prom.Counter(
+            "requests",
+            "Claim prepare/unprepare requests by outcome.",
+            ["operation", "result"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.duration = prom.Histogram(
+            "request_duration_seconds",
+            "Time to prepare or unprepare one claim.",
+            ["operation"],
+            namespace=namespace,
+            registry=registry,
+            buckets=DURATION_BUCKETS,
+        )
+        self.in_flight = prom.Gauge(
+            "requests_in_flight",
+            "Claim prepare/unprepare requests being handled now.",
+            ["operation"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.prepared_claims = prom.Gauge(
+            "prepared_claims",
+            "Claims currently prepared on this node.",
+            namespace=namespace,
+            registry=registry,
+        )
+        self.prepared_devices = prom.Gauge(
+            "prepared_devices",
+            "Devices currently prepared for claims on this node.",
+            namespace=namespace,
+            registry=registry,
+        )
+        self.slice_publishes = prom.Counter(
+            "resourceslice_publish",
+            "ResourceSlice reconcile passes by outcome.",
+            ["result"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.slices = prom.Gauge(
+            "resourceslices",
+            "ResourceSlices in the last successfully published state.",
+            namespace=namespace,
+            registry=registry,
+        )
+        self.nvml_errors = prom.Counter(
+            "nvml_errors",
+            "NVML calls that failed, by call.",
+            ["call"],
+            namespace=namespace,
+            registry=registry,
+        )
+        build = prom.Gauge(
+            "build_info",
+            "Always 1; the label carries the driver version.",
+            ["version"],
+            namespace=namespace,
+            registry=registry,
+        )
+        build.labels(version=__version__).set(1)
+        # Pre-create every closed-set series so dashboards see zeros, not gaps.
+        for op in OPERATIONS:
+            self.in_flight.labels(operation=op)
+            self.duration.labels(operation=op)
+            for result in RESULTS:
+                self.requests.labels(operation=op, result=result)
+        for result in RESULTS:
+            self.slice_publishes.labels(result=result)
+
+    @contextlib.contextmanager
+    def request(
+        self, operation: Operation, *, log: structlog.typing.FilteringBoundLogger | None = None
+    ) -> Iterator[RequestTimer]:
+        """Time one claim's prepare/unprepare; an escaping exception counts as an error.
+
+        With ``log`` (bind the claim's namespace/name/UID to it, see
+        :func:`dra_driver.logs.claim_logger`) it also emits the one event per request: operation,
+        devices, duration and result (and the error, if any).
+
+        >>> with metrics.request("prepare", log=claim_log) as req:
+        ...     req.devices = ["gpu-0"]   # or: req.fail("why")
+        """
+        _check(operation, OPERATIONS, "operation")
+        timer = RequestTimer()
+        gauge = self.in_flight.labels(operation=operation)
+        gauge.inc()
+        start = time.perf_counter()
+        try:
+            yield timer
+        except BaseException as exc:
+            timer.fail(f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            gauge.dec()
+            seconds = time.perf_counter() - start
+            self.observe_request(operation, result=timer.result, seconds=seconds)
+            if log is not None:
+                _log_request(log, operation, timer, seconds)
+
+    def observe_request(self, operation: Operation, *, result: Result, seconds: float) -> None:
+        """Record a finished request measured elsewhere."""
+        _check(operation, OPERATIONS, "operation")
+        _check(result, RESULTS, "result")
+        if seconds < 0:
+            raise MetricsError(f"request duration: {seconds} s is negative")
+        self.requests.labels(operation=operation, result=result).inc()
+        self.duration.labels(operation=operation).observe(seconds)
+
+    def set_prepared(self, *, claims: int, devices: int) -> None:
+        """The node's prepared state after a prepare/unprepare (or a checkpoint load)."""
+        if claims < 0 or devices < 0:
+            raise MetricsError(f"prepared state: claims={claims} devices={devices} is negative")
+        self.prepared_claims.set(claims)
+        self.prepared_devices.set(devices)
+
+    def slice_publish(self, *, ok: bool, slices: int | None = None) -> None:
+        """One reconcile pass of the slice publisher; ``slices`` = count now published."""
+        self.slice_publishes.labels(result="success" if ok else "error").inc()
+        if ok and slices is not None:
+            if slices < 0:
+                raise MetricsError(f"published slices: {slices} is negative")
+            self.slices.set(slices)
+
+    def nvml_error(self, call: str) -> None:
+        """An NVML call failed; ``call`` is a short fixed name such as ``"discover"``."""
+        if not call or len(call) > 64:
+            raise MetricsError(f"nvml error call name {call!r}: must be 1-64 characters")
+        self.nvml_errors.labels(call=call).inc()
+
+
+def _log_request(
+    log: structlog.typing.FilteringBoundLogger,
+    operation: Operation,
+    timer: RequestTimer,
+    seconds: float,
+) -> None:
+    fields = {
+        "operation": operation,
+        "devices": list(timer.devices),
+        "duration_ms": round(seconds * 1000, 3),
+        "result": timer.result,
+    }
+    if timer.result == "success":
+        log.info(f"claim {operation}d", **fields)
+    else:
+        log.warning(f"claim {operation} failed", error=timer.error, **fields)
+
+
+def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise MetricsError(f"{what} {value!r}: must be one of {', '.join(allowed)}")
+
+
+def new() -> DriverMetrics:
+    """Metrics in a fresh registry of their own (what the composition root uses)."""
+    return DriverMetrics(registry=prom.CollectorRegistry(auto_describe=True))

@@ -1,0 +1,318 @@
+"""The Helm chart, rendered by Helm's own engine: lint, strict 1.37 schemas, values checks,
+node separation of the two plugin modes, privileges, RBAC and the admission policy's CEL."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from cel_expr_python import cel
+from cel_expr_python.ext import ext_optional
+from google.protobuf import descriptor_pool
+
+from dra_driver.devices import profiles
+
+CHART = Path(__file__).resolve().parents[2] / "deployments" / "helm" / "dra-driver"
+CI_SETS = sorted(p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml"))
+SETS = ["default", *CI_SETS]
+MODE_KEY = "gpu.nvidia.com/mode"
+FAKE_LABEL = "dra-driver.example/fake-profile"
+
+
+def objects(rc: ModuleType, values: dict[str, Any] | None = None, kind: str = "") -> list[Any]:
+    return [m.obj for m in rc.render(values or {}) if not kind or m.obj["kind"] == kind]
+
+
+def container(ds: dict[str, Any]) -> dict[str, Any]:
+    (only,) = ds["spec"]["template"]["spec"]["containers"]
+    return only  # type: ignore[no-any-return]
+
+
+def env_of(ds: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(ds)["env"]}
+
+
+# ---- every value set: renders, lints clean, passes the strict Kubernetes 1.37 schemas ---------
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_value_set_renders_lints_and_validates(rc: ModuleType, name: str) -> None:
+    values = rc.value_sets()[name]
+    manifests = rc.render(values)
+    assert manifests, f"value set {name} rendered nothing"
+    assert rc.lint(values) == []
+    assert rc.validate(manifests) == []
+
+
+def test_lint_reports_problems(rc: ModuleType) -> None:
+    found = rc.lint({"logging": {"level": "loud"}})
+    assert found and any("/logging/level" in line for line in found)
+
+
+def test_strict_validation_catches_an_unknown_field(rc: ModuleType) -> None:
+    (ds,) = [m for m in rc.render({}) if m.obj["kind"] == "DaemonSet"]
+    broken = rc.Manifest(ds.source, ds.text, {**ds.obj, "spec": {**ds.obj["spec"], "x": 1}})
+    (problem,) = rc.validate([broken])
+    assert "DaemonSet/dra-driver-kubelet-plugin" in problem and "'x'" in problem
+
+
+# ---- bad values: the schema or a render-time check refuses them, naming the value ------------
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"logging": {"level": "loud"}}, "level"),
+        ({"fakeGPU": {"profile": "no-such-gpu"}}, "profile"),
+        ({"kubeletPlugin": {"seamlesUpgrade": True}}, "seamlesUpgrade"),
+        ({"metrics": {"port": 0}}, "port"),
+        ({"driverName": "Not_A_Domain"}, "driverName"),
+        ({"devicePlugin": {"migStrategy": "all"}}, "migStrategy"),
+        ({"kubeletPlugin": {"cdiRoot": "relative/cdi"}}, "cdiRoot"),
+    ],
+)
+def test_schema_rejects_bad_values(rc: ModuleType, values: dict[str, Any], needle: str) -> None:
+    with pytest.raises(rc.RenderError, match=needle):
+        rc.render(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"kubeletPlugin": {"nodeSelector": {MODE_KEY: "device-plugin"}}}, "kubeletPlugin.nodeSel"),
+        ({"devicePlugin": {"enabled": True, "nodeSelector": {MODE_KEY: "x"}}}, "devicePlugin.node"),
+        (
+            {
+                "devicePlugin": {
+                    "nodeAffinityExpressions": [{"key": MODE_KEY, "operator": "Exists"}]
+                }
+            },
+            "devicePlugin.nodeAffinityExpressions",
+        ),
+        ({"fakeGPU": {"nodeLabel": FAKE_LABEL}}, "fakeGPU.profiles is empty"),
+        ({"fakeGPU": {"profiles": ["dgx-h100"]}}, "fakeGPU.nodeLabel is empty"),
+        (
+            {"fakeGPU": {"nodeLabel": FAKE_LABEL, "profiles": ["pcie-l4", "pcie-l4"]}},
+            "lists a profile twice",
+        ),
+        ({"fakeGPU": {"nodeLabel": MODE_KEY, "profiles": ["pcie-l4"]}}, "is the node-mode label"),
+        ({"deviceClasses": {"gpu": False, "extendedResourceName": "nvidia.com/gpu"}}, "needs"),
+    ],
+)
+def test_conflicting_values_fail_the_render(
+    rc: ModuleType, values: dict[str, Any], needle: str
+) -> None:
+    with pytest.raises(rc.RenderError, match=needle):
+        rc.render(values)
+
+
+# ---- the two plugin modes never serve the same node --------------------------------------------
+
+
+def _matches(node: dict[str, str], ds: dict[str, Any]) -> bool:
+    spec = ds["spec"]["template"]["spec"]
+    if any(node.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return any(
+        all(_expr(node, e) for e in term["matchExpressions"]) for term in terms["nodeSelectorTerms"]
+    )
+
+
+def _expr(node: dict[str, str], e: dict[str, Any]) -> bool:
+    has, value = e["key"] in node, node.get(e["key"])
+    return {
+        "In": has and value in e.get("values", []),
+        "NotIn": not has or value not in e.get("values", []),
+        "Exists": has,
+        "DoesNotExist": not has,
+    }[e["operator"]]
+
+
+NODES = [
+    {k: v for k, v in (("kubernetes.io/os", "linux"), (MODE_KEY, m), (FAKE_LABEL, f)) if v}
+    for m, f in itertools.product(
+        ["", "device-plugin", "dra"], ["", "dgx-h100", "h100-nvl-pairs", "a100-mig", "other"]
+    )
+]
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_no_node_is_served_by_two_agents(rc: ModuleType, name: str) -> None:
+    daemonsets = objects(rc, rc.value_sets()[name], "DaemonSet")
+    for node in NODES:
+        serving = [ds["metadata"]["name"] for ds in daemonsets if _matches(node, ds)]
+        assert len(serving) <= 1, f"node {node} is served by {serving}"
+
+
+def test_device_plugin_runs_only_on_labelled_nodes(rc: ModuleType) -> None:
+    values = {"devicePlugin": {"enabled": True}, "fakeGPU": {"profile": "pcie-l4"}}
+    by_name = {ds["metadata"]["name"]: ds for ds in objects(rc, values, "DaemonSet")}
+    dp, kp = by_name["dra-driver-device-plugin"], by_name["dra-driver-kubelet-plugin"]
+    assert _matches({MODE_KEY: "device-plugin"}, dp) and not _matches({}, dp)
+    assert _matches({}, kp) and not _matches({MODE_KEY: "device-plugin"}, kp)
+    assert dp["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_per_node_fake_profiles_render_one_daemonset_each(rc: ModuleType) -> None:
+    values = {"fakeGPU": {"nodeLabel": FAKE_LABEL, "profiles": ["dgx-h100", "pcie-l4"]}}
+    dss = objects(rc, values, "DaemonSet")
+    got = {ds["metadata"]["name"]: env_of(ds)["FAKE_PROFILE"] for ds in dss}
+    assert got == {
+        "dra-driver-kubelet-plugin-dgx-h100": "dgx-h100",
+        "dra-driver-kubelet-plugin-pcie-l4": "pcie-l4",
+    }
+    # no fallback profile: an unlabelled node gets no agent
+    assert not any(_matches({}, ds) for ds in dss)
+
+
+# ---- upgrades, privileges, mounts -----------------------------------------------------------
+
+
+def test_seamless_upgrade_surges_and_passes_the_pod_uid(rc: ModuleType) -> None:
+    (off,) = objects(rc, {}, "DaemonSet")
+    assert off["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert "POD_UID" not in env_of(off)
+    (on,) = objects(rc, {"kubeletPlugin": {"seamlessUpgrade": True}}, "DaemonSet")
+    assert on["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert env_of(on)["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+
+
+def test_real_gpus_are_privileged_with_dev_and_driver_root(rc: ModuleType) -> None:
+    (ds,) = objects(rc, {}, "DaemonSet")
+    sc, env = container(ds)["securityContext"], env_of(ds)
+    assert sc["privileged"] is True and sc["runAsUser"] == 0
+    mounts = {m["name"]: m for m in container(ds)["volumeMounts"]}
+    assert mounts["dev"]["mountPath"] == "/dev"
+    # "/" cannot be mounted at "/": the agent is told where it is mounted instead
+    assert mounts["driver-root"] == {
+        "name": "driver-root",
+        "mountPath": "/driver-root",
+        "readOnly": True,
+    }
+    assert (env["DRIVER_ROOT"], env["DRIVER_ROOT_MOUNT"]) == ("/", "/driver-root")
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    (ds,) = objects(rc, {"kubeletPlugin": {"driverRoot": "/run/nvidia/driver"}}, "DaemonSet")
+    mounts = {m["name"]: m for m in container(ds)["volumeMounts"]}
+    assert mounts["driver-root"]["mountPath"] == "/run/nvidia/driver"
+    assert "DRIVER_ROOT_MOUNT" not in env_of(ds)
+
+
+def test_fake_gpus_run_unprivileged_without_host_dev(rc: ModuleType) -> None:
+    (ds,) = objects(rc, {"fakeGPU": {"profile": "dgx-h100"}}, "DaemonSet")
+    sc = container(ds)["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    names = {m["name"] for m in container(ds)["volumeMounts"]}
+    assert names == {"plugins-registry", "plugin-dir", "cdi", "tmp"}
+    paths = {
+        v["name"]: v["hostPath"]["path"]
+        for v in ds["spec"]["template"]["spec"]["volumes"]
+        if "hostPath" in v
+    }
+    assert paths == {
+        "plugins-registry": "/var/lib/kubelet/plugins_registry",
+        "plugin-dir": "/var/lib/kubelet/plugins/gpu.nvidia.com",
+        "cdi": "/var/run/cdi",
+    }
+    # host paths are mounted at identical paths (the kubelet uses the paths we report)
+    for m in container(ds)["volumeMounts"]:
+        if m["name"] in paths:
+            assert m["mountPath"] == paths[m["name"]]
+
+
+def test_probes_use_the_metrics_port(rc: ModuleType) -> None:
+    (ds,) = objects(rc, {"metrics": {"port": 9400}}, "DaemonSet")
+    c = container(ds)
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert env_of(ds)["METRICS_PORT"] == "9400"
+    assert ds["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9400"
+
+
+# ---- RBAC and the admission policy ------------------------------------------------------------
+
+
+def test_rbac_is_exactly_what_the_agent_calls(rc: ModuleType) -> None:
+    (role,) = objects(rc, {}, "ClusterRole")
+    rules = {(r["apiGroups"][0], r["resources"][0]): sorted(r["verbs"]) for r in role["rules"]}
+    assert rules == {
+        ("resource.k8s.io", "resourceclaims"): ["get"],
+        ("resource.k8s.io", "resourceslices"): ["create", "delete", "list", "update", "watch"],
+        ("", "nodes"): ["get"],
+    }
+    assert all(len(r["apiGroups"]) == len(r["resources"]) == 1 for r in role["rules"])
+    assert objects(rc, {"kubeletPlugin": {"enabled": False}}, "ClusterRole") == []
+
+
+def _cel_env() -> Any:
+    dyn = cel.Type.Map(cel.Type.STRING, cel.Type.DYN)
+    return cel.NewEnv(
+        descriptor_pool.Default(),
+        variables={name: dyn for name in ("request", "object", "oldObject", "variables")},
+        extensions=[ext_optional.ExtOptional()],
+    )
+
+
+def _admit(
+    policy: dict[str, Any], *, user: str, node: str | None, op: str, slice_node: str | None
+) -> tuple[bool, str]:
+    """Evaluate the policy's CEL like the API server: (allowed, message)."""
+    env = _cel_env()
+    extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
+    spec = {"nodeName": slice_node} if slice_node else {"allNodes": True}
+    data: dict[str, Any] = {
+        "request": {"operation": op, "userInfo": {"username": user, "extra": extra}},
+        "object": {} if op == "DELETE" else {"spec": spec},
+        "oldObject": {"spec": spec} if op != "CREATE" else {},
+        "variables": {},
+    }
+
+    def run(expr: str) -> Any:
+        return env.compile(expr).eval(env.Activation(data)).value()
+
+    if not all(run(c["expression"]) for c in policy["spec"]["matchConditions"]):
+        return True, "not matched"
+    for var in policy["spec"]["variables"]:
+        data["variables"][var["name"]] = run(var["expression"])
+    for check in policy["spec"]["validations"]:
+        if not run(check["expression"]):
+            return False, run(check["messageExpression"]) if "messageExpression" in check else (
+                check["message"]
+            )
+    return True, ""
+
+
+def test_admission_policy_confines_agents_to_their_node(rc: ModuleType) -> None:
+    (policy,) = objects(rc, {}, "ValidatingAdmissionPolicy")
+    (binding,) = objects(rc, {}, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    agent = "system:serviceaccount:dra-driver:dra-driver"
+    for op in ("CREATE", "UPDATE", "DELETE"):
+        assert _admit(policy, user=agent, node="n1", op=op, slice_node="n1") == (True, "")
+        ok, msg = _admit(policy, user=agent, node="n1", op=op, slice_node="n2")
+        assert not ok and "node n1" in msg and '"n2"' in msg
+    ok, msg = _admit(policy, user=agent, node=None, op="CREATE", slice_node="n1")
+    assert not ok and "no node name" in msg
+    assert not _admit(policy, user=agent, node="n1", op="CREATE", slice_node=None)[0]
+    # other users (the kubelet, admins) are not this policy's business
+    assert _admit(policy, user="system:node:n1", node=None, op="DELETE", slice_node="n2")[0]
+    assert objects(rc, {"admissionPolicy": {"enabled": False}}, "ValidatingAdmissionPolicy") == []
+
+
+# ---- values.schema.json stays in step with the package ----------------------------------------
+
+
+def test_schema_lists_exactly_the_builtin_fake_profiles() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    enum = schema["properties"]["fakeGPU"]["properties"]["profiles"]["items"]["enum"]
+    assert sorted(enum) == profiles.builtin_names(), (
+        "deployments/helm/dra-driver/values.schema.json: update the fake profile enum "
+        "(fakeGPU.profile and fakeGPU.profiles) to the built-in profiles"
+    )
