@@ -20,8 +20,7 @@ import grpc
 
 from dra_driver.driver import claims
 from dra_driver.kube import fakeserver
-
-from .stubkubelet import PluginProcess, StubKubelet
+from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 
 BUDGET_S = 10.0  # killing and restarting; the whole test stays near 20 s
 
@@ -61,7 +60,7 @@ def _claims(server: fakeserver.FakeApiServer, count: int) -> list[claims.ClaimRe
 
 
 def _churn(
-    kubelet: StubKubelet,
+    kubelet: KubeletSim,
     refs: list[claims.ClaimRef],
     rng: random.Random,
     stop: threading.Event,
@@ -92,7 +91,7 @@ def test_sigkill_at_random_points_leaves_consistent_state(
     while time.monotonic() - started < BUDGET_S:
         plugin = PluginProcess(base=short_dir, kubeconfig=kubeconfig).start()
         plugin.wait_ready()
-        kubelet = StubKubelet(plugin.registry_dir)
+        kubelet = KubeletSim(plugin.registry_dir)
         kubelet.register("gpu.nvidia.com")
         stop = threading.Event()
         churn = threading.Thread(target=_churn, args=(kubelet, refs, rng, stop, outcome))
@@ -127,7 +126,7 @@ def test_sigkill_at_random_points_leaves_consistent_state(
         assert not [p for p in plugin.cdi_root.iterdir() if p.name.startswith(".")]
         assert not list((plugin.plugins_dir / "gpu.nvidia.com" / "claims-aside").glob("*"))
 
-        kubelet = StubKubelet(plugin.registry_dir)
+        kubelet = KubeletSim(plugin.registry_dir)
         kubelet.register("gpu.nvidia.com")
         response = kubelet.unprepare(refs)
         assert {c.error for c in response.claims.values()} == {""}

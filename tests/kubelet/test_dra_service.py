@@ -17,8 +17,7 @@ from dra_driver.devices import fake
 from dra_driver.driver import claims
 from dra_driver.kube import memory
 from dra_driver.kubelet import server
-
-from .stubkubelet import StubKubelet
+from dra_driver.kubelet.sim import KubeletSim
 
 PREPARE_V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 
@@ -88,7 +87,7 @@ def running(short_dir: Path) -> Iterator[Running]:
 
 
 def test_bad_input_gets_per_claim_errors_and_the_server_keeps_serving(running: Running) -> None:
-    kubelet = StubKubelet(running.settings.registry_dir)
+    kubelet = KubeletSim(running.settings.registry_dir)
     kubelet.register("gpu.nvidia.com")
     pb, stub = kubelet.dra()
     channel = kubelet._dra_channel
@@ -162,7 +161,7 @@ def test_bad_input_gets_per_claim_errors_and_the_server_keeps_serving(running: R
 def test_share_id_only_on_v1(running: Running) -> None:
     share = "33333333-3333-4333-8333-333333333333"
     ref = running.claim("s", [{**result("gpu-4"), "shareID": share}])
-    kubelet = StubKubelet(running.settings.registry_dir)
+    kubelet = KubeletSim(running.settings.registry_dir)
     kubelet.register("gpu.nvidia.com")
     (dev,) = kubelet.prepare([ref], version="v1.DRAPlugin").claims[ref.uid].devices
     assert dev.HasField("share_id") and dev.share_id == share
@@ -175,7 +174,7 @@ def test_share_id_only_on_v1(running: Running) -> None:
 
 
 def test_stop_removes_sockets_and_refuses_foreign_files(running: Running, short_dir: Path) -> None:
-    StubKubelet(running.settings.registry_dir).register("gpu.nvidia.com")
+    KubeletSim(running.settings.registry_dir).register("gpu.nvidia.com")
     running.stop.set()
     assert running.done.wait(10) and running.code == 0
     assert not running.settings.registration_socket.exists()

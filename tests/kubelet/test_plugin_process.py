@@ -14,8 +14,7 @@ import pytest
 
 from dra_driver.driver import claims
 from dra_driver.kube import fakeserver
-
-from .stubkubelet import PluginProcess, RegistrationRefused, StubKubelet
+from dra_driver.kubelet.sim import KubeletSim, PluginProcess, RegistrationRefused
 
 
 def put_claim(
@@ -72,7 +71,7 @@ def plugin(short_dir: Path, apiserver: fakeserver.FakeApiServer) -> Iterator[Plu
 def test_register_prepare_unprepare_both_versions_then_sigterm(
     plugin: PluginProcess, apiserver: fakeserver.FakeApiServer
 ) -> None:
-    kubelet = StubKubelet(plugin.registry_dir)
+    kubelet = KubeletSim(plugin.registry_dir)
     plugin.wait_ready()
     info = kubelet.register("gpu.nvidia.com")
     assert (info.type, info.name, info.endpoint) == (
@@ -124,7 +123,7 @@ def test_register_prepare_unprepare_both_versions_then_sigterm(
 
 
 def test_a_refused_registration_is_an_error_the_operator_sees(plugin: PluginProcess) -> None:
-    kubelet = StubKubelet(plugin.registry_dir)
+    kubelet = KubeletSim(plugin.registry_dir)
     plugin.wait_ready()
     with pytest.raises(RegistrationRefused):
         kubelet.register("gpu.nvidia.com", accept=False)
@@ -139,7 +138,7 @@ def test_a_refused_registration_is_an_error_the_operator_sees(plugin: PluginProc
 def test_a_kubelet_without_v1_picks_v1beta1(
     plugin: PluginProcess, apiserver: fakeserver.FakeApiServer
 ) -> None:
-    kubelet = StubKubelet(plugin.registry_dir, supported=["v1beta1.DRAPlugin"])
+    kubelet = KubeletSim(plugin.registry_dir, supported=["v1beta1.DRAPlugin"])
     plugin.wait_ready()
     kubelet.register("gpu.nvidia.com")
     assert kubelet.version == "v1beta1.DRAPlugin"

@@ -16,8 +16,7 @@ import pytest
 
 from dra_driver.driver import claims
 from dra_driver.kube import fakeserver, memory
-
-from .stubkubelet import PluginProcess, StubKubelet
+from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 
 FILE = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "real-allocations.json"
 DATA: dict[str, Any] = json.loads(FILE.read_text())
@@ -36,7 +35,7 @@ class Session:
             base=base, kubeconfig=kubeconfig, node=NODE, driver=DRIVER, fake="dgx-h100"
         ).start()
         self.plugin.wait_ready()
-        self.kubelet = StubKubelet(self.plugin.registry_dir)
+        self.kubelet = KubeletSim(self.plugin.registry_dir)
         self.kubelet.register(DRIVER)
 
     def close(self) -> None:

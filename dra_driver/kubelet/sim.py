@@ -1,4 +1,7 @@
-"""A stand-in kubelet for the DRA plugin, over real unix sockets, and a plugin subprocess runner.
+"""The kubelet's side of the DRA plugin protocols, and a runner for the plugin as a subprocess.
+
+No kubelet can run here, so the demo, the tests and the benchmark use this stand-in to drive the
+real plugin over its real unix sockets.
 
 The stub does what the kubelet's plugin watcher and DRA manager do: find ``<driver>-reg.sock`` in
 the registry directory, call ``GetInfo``, check the answer, report ``NotifyRegistrationStatus``,
@@ -38,7 +41,7 @@ class RegistrationRefused(Exception):
     pass
 
 
-class StubKubelet:
+class KubeletSim:
     def __init__(self, registry_dir: Path, *, supported: Sequence[str] = tuple(VERSIONS)) -> None:
         self.registry_dir = registry_dir
         self.supported = tuple(supported)
