@@ -125,6 +125,8 @@ class PluginProcess:
         node: str = "n1",
         driver: str = "gpu.nvidia.com",
         fake: str = "dgx-h100",
+        fake_file: Path | None = None,
+        publish: bool = False,
         extra: Sequence[str] = (),
     ) -> None:
         self.base = base
@@ -154,9 +156,8 @@ class PluginProcess:
             str(self.cdi_root),
             "--kubeconfig",
             str(kubeconfig),
-            "--fake",
-            fake,
-            "--no-publish",
+            *(["--fake-file", str(fake_file)] if fake_file else ["--fake", fake]),
+            *([] if publish else ["--no-publish"]),
             "--cleanup-interval",
             "0",
             *extra,

@@ -71,8 +71,13 @@ def test_every_example_has_a_claim_and_a_pod_using_it() -> None:
 
 @pytest.mark.parametrize("name", examples.names())
 def test_examples_on_dgx_h100(name: str) -> None:
+    """Every example fits a DGX H100 except the one meant not to fit and the MIG one."""
     outcome = _run("dgx-h100", name)
-    assert outcome.allocated == (name != "cannot-fit"), outcome.explanation
+    assert outcome.allocated == (name not in ("cannot-fit", "mig-1g")), outcome.explanation
+
+
+def test_mig_example_on_a100_mig() -> None:
+    assert _devices(_run("a100-mig", "mig-1g")) == ["gpu-0-mig-1g-5gb-2"]
 
 
 def test_example_placements() -> None:

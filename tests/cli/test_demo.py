@@ -1,0 +1,82 @@
+"""``dra-driver demo``, the README's main command: it must run green and must be able to fail."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dra_driver import demo
+from dra_driver.devices import fake
+
+
+def test_demo_default_profile_runs_green() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "--log-format", "json", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "fake profile 'dgx-h100'" in out
+    assert "published 1 ResourceSlice(s) with 8 device(s)" in out
+    assert "[FAILED]" not in out
+    # Every example but the one that cannot fit is prepared and unprepared.
+    for example in (
+        "one-gpu",
+        "two-gpus-nvlink",
+        "gpus-one-numa-node",
+        "h100-40gi",
+        "shared-by-two-containers",
+        "h100-or-any-gpu",
+    ):
+        assert f"[ok] {example}: prepared in" in out
+        assert f"[ok] {example}: unprepared, CDI spec removed" in out
+    assert "ResourceClaim cannot-fit cannot be allocated" in out
+    assert "allocated: gpu-" in out and "(request gpu/h100)" in out
+    assert '"kind": "k8s.gpu.nvidia.com/claim"' in out
+    assert out.rstrip().endswith("demo OK: every step did what it must.")
+
+
+def test_demo_on_mig_profile_prepares_a_mig_device() -> None:
+    out = io.StringIO()
+    code = demo.run(
+        backend=fake.FakeBackend.from_name("a100-mig"),
+        node_name="n1",
+        driver_name="gpu.nvidia.com",
+        out=out,
+    )
+    assert code == 0, out.getvalue()[-3000:]
+    assert "[ok] mig-1g: prepared in" in out.getvalue()
+
+
+def test_demo_reports_a_broken_step_with_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If a CDI spec never appears, the walk-through says so and fails."""
+    monkeypatch.setattr(demo, "_spec_file", lambda plugin, uid: None)
+    out = io.StringIO()
+    code = demo.run(
+        backend=fake.FakeBackend.from_name("pcie-l4"),
+        node_name="n1",
+        driver_name="gpu.nvidia.com",
+        out=out,
+    )
+    assert code == 1
+    assert "[FAILED] one-gpu: CDI spec written" in out.getvalue()
+    assert "demo FAILED" in out.getvalue()
+
+
+def test_demo_unknown_profile_is_exit_2(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "demo", "--fake", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "unknown fake profile 'nope'" in proc.stderr
