@@ -93,6 +93,16 @@ class CdiSpecs:
         self.driver_files = tuple(driver_files)
         if not _VENDOR.match(self.vendor) or len(self.vendor) > 253:
             raise ValueError(f"driver name {driver_name!r} gives an invalid CDI vendor")
+        # The same for every claim: built once (specs are never modified after build).
+        self._mounts = [
+            {
+                "hostPath": m.host_path,
+                "containerPath": m.container_path,
+                "options": list(driverfiles.MOUNT_OPTIONS),
+            }
+            for m in self.driver_files
+        ]
+        self._files = f"{os.fspath(root)}/{self.file_prefix}"
 
     # ---- names -------------------------------------------------------------------------------
 
@@ -150,36 +160,35 @@ class CdiSpecs:
                 self.host.entry(path, ref=ref, device="every GPU") for path in CONTROL_NODES
             ],
         }
-        if self.driver_files:
-            common["mounts"] = [
-                {
-                    "hostPath": m.host_path,
-                    "containerPath": m.container_path,
-                    "options": list(driverfiles.MOUNT_OPTIONS),
-                }
-                for m in self.driver_files
-            ]
+        if self._mounts:
+            common["mounts"] = self._mounts
         spec: dict[str, Any] = {
             "cdiVersion": "",
             "kind": self.kind,
             "devices": devices,
             "containerEdits": common,
         }
-        spec["cdiVersion"] = minimum_version(spec)
-        problems = check(spec)
+        spec["cdiVersion"] = required = minimum_version(spec)
+        problems = check(spec, required=required)
         if problems:  # a bug of ours, not of the claim, but never write a spec runtimes reject
             raise CdiError(f"{ref}: generated CDI spec is invalid: {'; '.join(problems)}")
         return spec
 
     def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
-        path = self.spec_path(claim_uid)
+        path = self._file(claim_uid)
         # Not fsynced: /var/run/cdi is a tmpfs, and a spec is only valid for this boot anyway.
-        atomicfile.write_json(path, spec, durable=False)
-        return path
+        try:
+            atomicfile.write_json(path, spec, durable=False, new=True)
+        except FileNotFoundError:  # the directory is created on first use (or re-created)
+            self.root.mkdir(parents=True, exist_ok=True)
+            atomicfile.write_json(path, spec, durable=False, new=True)
+        return Path(path)
 
     def remove(self, claim_uid: str) -> bool:
-        return atomicfile.remove(self.spec_path(claim_uid), durable=False)
+        return atomicfile.remove(self._file(claim_uid), durable=False)
+
+    def _file(self, claim_uid: str) -> str:
+        return f"{self._files}{claim_uid.replace('/', '_')}.json"
 
     def read(self, claim_uid: str) -> Any:
         return json.loads(self.spec_path(claim_uid).read_text())
@@ -226,11 +235,12 @@ def minimum_version(spec: Mapping[str, Any]) -> str:
     return max(needs, key=_parse)
 
 
-def check(spec: Mapping[str, Any]) -> list[str]:
-    """Checks the JSON schema does not make (contracts.md §7): names, version, edits."""
+def check(spec: Mapping[str, Any], *, required: str | None = None) -> list[str]:
+    """Checks the JSON schema does not make (contracts.md §7): names, version, edits.
+    ``required``: :func:`minimum_version` of ``spec`` if the caller has it already."""
     problems: list[str] = []
     version = str(spec.get("cdiVersion", ""))
-    required = minimum_version(spec)
+    required = required or minimum_version(spec)
     if version.lstrip("v") not in _KNOWN_VERSIONS:
         problems.append(f"cdiVersion {version!r} is not a known CDI version")
     elif _parse(version) < _parse(required):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,43 @@ def test_uid_validation_and_boot_id(tmp_path: Path) -> None:
     assert checkpoint.read_boot_id(tmp_path / "missing") == "unknown"
     with pytest.raises(checkpoint.CheckpointError):
         store(tmp_path).put(record("u1", boot="other"))
+
+
+def test_completion_flips_the_started_record_in_place_and_durably(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = store(tmp_path)
+    s.load()
+    started = record("u1", state="PrepareStarted")
+    s.put(started)
+    path = tmp_path / "claims/u1.json"
+    on_disk = json.loads(path.read_bytes())  # padded, but valid JSON
+    assert on_disk["state"] == "PrepareStarted"
+    assert checkpoint.ClaimRecord.model_validate(on_disk) == started
+    inode = path.stat().st_ino
+    syncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append(fd), real_fsync(fd))[1])
+    s.put(record("u1"))
+    assert path.stat().st_ino == inode  # no new file: the state bytes were overwritten
+    assert len(syncs) == 2  # the file, then its directory (the name was never synced)
+    assert json.loads(path.read_bytes()) == record("u1").model_dump(mode="json")
+    assert [r.state for r in store(tmp_path).load().records] == ["PrepareCompleted"]
+
+
+def test_a_completed_record_that_differs_replaces_the_file_whole(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    s.load()
+    s.put(record("u1", state="PrepareStarted"))
+    inode = (tmp_path / "claims/u1.json").stat().st_ino
+    other = record("u1").model_copy(update={"name": "renamed"})
+    s.put(other)
+    assert (tmp_path / "claims/u1.json").stat().st_ino != inode
+    assert store(tmp_path).load().records == [other]
+    s.put(record("u2", state="PrepareStarted"))
+    s.delete("u2")  # rolled back in between: the completion writes a whole new file
+    s.put(record("u2"))
+    s.put(record("u3", state="PrepareStarted"))
+    (tmp_path / "claims/u3.json").unlink()  # removed behind its back: never a lost commit
+    s.put(record("u3"))
+    assert sorted(r.uid for r in store(tmp_path).load().records) == ["u1", "u2", "u3"]

@@ -1,9 +1,9 @@
 """Crash at *every* point: the deterministic complement of the random SIGKILL test.
 
 A forked child runs prepare/unprepare and dies (``os._exit``) right before its N-th durable file
-operation (fsync, rename or unlink); the parent then restarts the driver from disk and checks the
-invariants. N runs from 0 until the child gets through without dying, so every window between two
-disk effects is hit once.
+operation (fsync, link, pwrite, rename or unlink); the parent then restarts the driver from disk
+and checks the invariants. N runs from 0 until the child gets through without dying, so every
+window between two disk effects is hit once.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ def _run_child(node: Node, crash_at: int, work: Callable[[], None]) -> int:
     pid = os.fork()
     if pid == 0:  # child: never returns into pytest
         count = [0]
-        real = {name: getattr(os, name) for name in ("fsync", "replace", "unlink")}
+        real = {
+            name: getattr(os, name) for name in ("fsync", "link", "pwrite", "replace", "unlink")
+        }
 
         def counting(name: str) -> Callable[..., Any]:
             def op(*args: Any, **kwargs: Any) -> Any:
@@ -85,8 +87,9 @@ def test_a_crash_between_any_two_disk_effects_recovers(node: Node, scenario: str
             assert {r.error for r in driver.prepare([a, b]).values()} == {""}
         crash_at += 1
     assert code == 0
-    # Every window was hit: per claim, prepare = rename (Started), rename (spec), fsync + rename
-    # + directory fsync (Completed); unprepare = two unlinks.
+    # Every window was hit: per claim, prepare = link (Started record, written unnamed and then
+    # linked in), link (spec), pwrite + fsync + directory fsync (Completed: the state flipped in
+    # place); unprepare = two unlinks.
     assert crash_at == (10 if scenario == "prepare" else 4)
     node.restart()
     _check_consistent(node)

@@ -21,9 +21,14 @@ def server() -> Iterator[fakeserver.FakeApiServer]:
         yield srv
 
 
-@pytest.fixture
-def kube(server: fakeserver.FakeApiServer, tmp_path: Path) -> Iterator[client.KubeClient]:
-    kc = client.KubeClient.connect(server.write_kubeconfig(tmp_path / "kubeconfig"))
+@pytest.fixture(params=[True, False], ids=["lean-http", "library-http"])
+def kube(
+    server: fakeserver.FakeApiServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[client.KubeClient]:
+    """Both HTTP paths: our lean transport, and the library's (used with proxies)."""
+    kc = client.KubeClient.connect(
+        server.write_kubeconfig(tmp_path / "kubeconfig"), lean=request.param
+    )
     yield kc
     kc.close()
 
@@ -170,3 +175,25 @@ def test_get_claim_latency_stays_sub_millisecond_scale(
         samples.append(time.perf_counter() - began)
     samples.sort()
     assert samples[len(samples) // 2] < 0.010, f"p50 {samples[150] * 1e3:.2f} ms"
+
+
+def test_the_lean_transport_is_not_used_through_a_proxy(
+    server: fakeserver.FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy from the environment sends requests through the library (which speaks to
+    proxies), unless NO_PROXY exempts the API server."""
+    path = server.write_kubeconfig(tmp_path / "kubeconfig")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    direct = client.KubeClient.connect(path)
+    assert direct._transport is not None
+    server.api.put_node("n1")
+    assert direct.get_node("n1")["metadata"]["name"] == "n1"
+    monkeypatch.delenv("NO_PROXY")
+    monkeypatch.delenv("no_proxy", raising=False)
+    proxied = client.KubeClient.connect(path)
+    assert proxied._transport is None
+    with pytest.raises(api.ApiError) as unreachable:  # the proxy does not exist
+        proxied.get_node("n1")
+    assert unreachable.value.status == 0
