@@ -73,6 +73,9 @@ NVML_GPU_FABRIC_STATE_NOT_STARTED: Final[int] = pynvml.NVML_GPU_FABRIC_STATE_NOT
 NVML_GPU_FABRIC_STATE_IN_PROGRESS: Final[int] = pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS
 NVML_GPU_FABRIC_STATE_COMPLETED: Final[int] = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
 NVML_GPU_INSTANCE_PROFILE_COUNT: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+NVML_COMPUTEMODE_DEFAULT: Final[int] = pynvml.NVML_COMPUTEMODE_DEFAULT
+NVML_COMPUTEMODE_PROHIBITED: Final[int] = pynvml.NVML_COMPUTEMODE_PROHIBITED
+NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: Final[int] = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
 
 # fmt: off
 # NVML_BRAND_* values (pinned by a test against pynvml) → names as the device model reports them.
@@ -148,6 +151,11 @@ def mig_profile_name(slices: int, memory_mib: int, total_bytes: int) -> str:
         return f"{slices}g.{round(memory_mib / 1024)}gb"
     eighths = math.ceil(memory_mib * (1 << 20) * 8 / total_bytes - 1e-9)
     return f"{slices}g.{round(eighths / 8 * total_bytes / (1 << 30))}gb"
+
+
+def real_module() -> NvmlApi:
+    """The real pynvml module, for code that calls NVML but may not import it (GPU control)."""
+    return pynvml
 
 
 def describe(exc: BaseException) -> str:

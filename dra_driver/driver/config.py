@@ -19,6 +19,10 @@ The format, kept deliberately small::
 Several configs can apply to one device (class configs first, then claim configs); they are
 merged in that order: a later ``sharing`` replaces an earlier one, ``env`` entries are merged
 with later values winning.
+
+This module only decodes and merges. The merged ``sharing`` is applied to the GPU at prepare by
+:mod:`dra_driver.driver.sharing` (and restored at unprepare), ``env`` goes into the claim's CDI
+spec (:mod:`dra_driver.driver.cdi`); the user-facing description is ``docs/config.md``.
 """
 
 from __future__ import annotations
