@@ -6,25 +6,34 @@ core, recovers its checkpoint, serves the kubelet (DRA service, then registratio
 ResourceSlice publisher and the periodic claim clean-up, and on SIGTERM shuts down in the order
 that keeps the kubelet informed: registration socket first (the kubelet stops sending work), then
 the publisher and clean-up, then the DRA service once in-flight calls are answered.
+
+With ``pod_uid`` set (seamless upgrades, contracts.md §8.2) the sockets carry the pod UID in
+their names and the claim state is shared safely with the other instance through file locks
+(:mod:`dra_driver.driver.instances`). Metrics and readiness are handed in by the CLI, which
+serves them over HTTP.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
-from dra_driver import logs
+from dra_driver import health_server, logs
+from dra_driver import metrics as metrics_mod
 from dra_driver.devices import backend as devices_backend
-from dra_driver.devices import model
-from dra_driver.driver import cdi, checkpoint, driverfiles, inventory, state
+from dra_driver.devices import control, health, model, nvml
+from dra_driver.driver import cdi, checkpoint, driverfiles, instances, inventory, sharing, state
 from dra_driver.driver import driver as driver_mod
 from dra_driver.kube import api as kube
-from dra_driver.kubelet import dra_service, registration, server
+from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.slices import build, publisher
 
 FAKE_DEVICE_NODE = "/dev/null"
@@ -41,6 +50,8 @@ class PluginSettings:
     cdi_root: Path = Path("/var/run/cdi")
     kubeconfig: Path | None = None
     driver_root: Path = Path("/")
+    driver_root_mount: Path | None = None  # where this process sees driver_root, if elsewhere
+    pod_uid: str = ""  # set: per-instance socket names, state shared with another instance
     fake: bool = False
     dev_root: Path = Path("/")
     boot_id_file: Path = checkpoint.BOOT_ID_FILE
@@ -55,11 +66,42 @@ class PluginSettings:
 
     @property
     def dra_socket(self) -> Path:
-        return self.plugin_dir / "dra.sock"
+        if not self.pod_uid:
+            return self.plugin_dir / "dra.sock"
+        return _fit(self.plugin_dir, f"dra-{self.pod_uid}.sock", f"dra-{self._short_id}.sock")
 
     @property
     def registration_socket(self) -> Path:
-        return self.registry_dir / f"{self.driver_name}-reg.sock"
+        if not self.pod_uid:
+            return self.registry_dir / f"{self.driver_name}-reg.sock"
+        return _fit(
+            self.registry_dir,
+            f"{self.driver_name}-{self.pod_uid}-reg.sock",
+            f"{self._short_id}-reg.sock",
+        )
+
+    @property
+    def lock_dir(self) -> Path:
+        return self.plugin_dir / "locks"
+
+    @property
+    def _short_id(self) -> str:
+        """A short stand-in for driver + pod UID when the full socket path is too long."""
+        return hashlib.sha256(f"{self.driver_name}/{self.pod_uid}".encode()).hexdigest()[:16]
+
+
+def _fit(directory: Path, name: str, short: str) -> Path:
+    """``directory/name``, or ``directory/short`` when that would not fit a unix socket path."""
+    fits = len(os.fsencode(directory.absolute() / name)) <= server.MAX_SOCKET_PATH
+    return directory / (name if fits else short)
+
+
+def new_readiness(settings: PluginSettings) -> health_server.Readiness:
+    """Ready = registered with the kubelet (and slices published, when we publish)."""
+    conditions: tuple[str, ...] = health_server.KUBELET_PLUGIN_CONDITIONS
+    if not settings.publish:
+        conditions = tuple(c for c in conditions if c != "slices_published")
+    return health_server.Readiness(conditions=conditions)
 
 
 class Stoppable(Protocol):
@@ -76,14 +118,19 @@ def build_driver(
     devices: model.NodeDevices,
     api: kube.KubeApi,
     log: structlog.typing.FilteringBoundLogger,
+    gpu_control: control.GpuControl | None = None,
+    metrics: metrics_mod.DriverMetrics | None = None,
 ) -> driver_mod.Driver:
-    """The driver core for ``devices``, with its checkpoint recovered (usable without gRPC)."""
+    """The driver core for ``devices``, with its checkpoint recovered (usable without gRPC).
+
+    ``gpu_control`` (for tests) replaces the one :func:`gpu_control_for` picks."""
     mig_minors = None if settings.fake else inventory.read_mig_minors()
-    files = driverfiles.discover(settings.driver_root)
+    files = driverfiles.discover(settings.driver_root, mount=settings.driver_root_mount)
     if not files:
         log.warning(
             "no NVIDIA driver libraries found; containers get device nodes only",
             driver_root=str(settings.driver_root),
+            searched=str(settings.driver_root_mount or settings.driver_root),
         )
     specs = cdi.CdiSpecs(
         root=settings.cdi_root,
@@ -93,7 +140,9 @@ def build_driver(
         ),
         driver_files=files,
     )
-    store = checkpoint.Checkpoint(
+    # Shared with another instance (seamless upgrade): locks, and state re-read from disk.
+    locks = instances.ClaimFileLocks(directory=settings.lock_dir) if settings.pod_uid else None
+    store = (instances.SharedCheckpoint if locks else checkpoint.Checkpoint)(
         directory=settings.plugin_dir,
         boot_id=checkpoint.read_boot_id(settings.boot_id_file),
         log=log,
@@ -106,10 +155,47 @@ def build_driver(
         specs=specs,
         store=store,
         log=log,
+        gpu_sharing=sharing.GpuSharing(
+            gpu_control=gpu_control or gpu_control_for(settings, devices=devices, files=files),
+            log=log,
+        ),
     )
-    claim_state.recover()
-    return driver_mod.Driver(
-        claim_state=claim_state, log=log, workers=settings.workers, serial=settings.serial
+    if locks is None:
+        claim_state.recover()
+    else:
+        claim_state.ownership = instances.SharedOwnership(store=store, locks=locks)
+        with locks.exclusive():  # never while the other instance is inside a claim
+            claim_state.recover()
+    driver = driver_mod.Driver(
+        claim_state=claim_state,
+        log=log,
+        workers=settings.workers,
+        serial=settings.serial,
+        metrics=metrics,
+        claim_lock=locks.hold if locks else None,
+    )
+    driver.update_gauges()
+    return driver
+
+
+def gpu_control_for(
+    settings: PluginSettings,
+    *,
+    devices: model.NodeDevices,
+    files: tuple[driverfiles.Mount, ...],
+) -> control.GpuControl:
+    """Fake nodes: settings recorded in ``<plugin dir>/fake-gpu-control.json``. Real nodes: NVML
+    plus the driver root's nvidia-smi (preloading its libnvidia-ml when the root is not /)."""
+    if settings.fake:
+        return control.FakeGpuControl.for_devices(
+            devices, state_file=settings.plugin_dir / "fake-gpu-control.json"
+        )
+    found = {Path(m.container_path).name: Path(m.local_path or m.host_path) for m in files}
+    local_root = settings.driver_root_mount or settings.driver_root
+    return control.HostGpuControl(
+        nvml_api=nvml.real_module(),
+        nvidia_smi=found.get("nvidia-smi"),
+        preload=found.get("libnvidia-ml.so.1") if local_root != Path("/") else None,
     )
 
 
@@ -119,6 +205,7 @@ def start_publisher(
     devices: model.NodeDevices,
     api: kube.KubeApi,
     log: structlog.typing.FilteringBoundLogger,
+    on_pass: Callable[[publisher.Outcome | None], None] | None = None,
 ) -> Stoppable | None:
     """Keep this node's ResourceSlices published (unless ``settings.publish`` is off)."""
     if not settings.publish:
@@ -130,6 +217,7 @@ def start_publisher(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         log=log.bind(component="publisher"),
+        on_pass=on_pass,
     )
 
 
@@ -140,27 +228,49 @@ def run(
     api: kube.KubeApi,
     stop: threading.Event,
     log: structlog.typing.FilteringBoundLogger | None = None,
+    metrics: metrics_mod.DriverMetrics | None = None,
+    readiness: health_server.Readiness | None = None,
+    health_source: health.HealthSource | None = None,
 ) -> int:
-    """Run the node agent until ``stop`` is set; returns the exit code."""
+    """Run the node agent until ``stop`` is set; returns the exit code.
+
+    ``metrics`` and ``readiness`` (see :func:`new_readiness`) are fed as the agent runs;
+    ``health_source`` feeds the kubelet's device health stream (default: all healthy)."""
     log = log or logs.get("kubelet-plugin")
     log = log.bind(driver=settings.driver_name, node=settings.node_name)
+    metrics = metrics or metrics_mod.new()
+    readiness = readiness or new_readiness(settings)
     try:
         devices = backend.discover()
     except devices_backend.DiscoveryError as exc:
+        metrics.nvml_error("discover")
         raise StartupError(f"cannot discover GPUs: {exc}") from exc
     log.info("discovered devices", gpus=len(devices.gpus))
     try:
-        driver = build_driver(settings, devices=devices, api=api, log=log)
+        driver = build_driver(settings, devices=devices, api=api, log=log, metrics=metrics)
     except OSError as exc:
         raise StartupError(f"cannot set up the plugin's files: {exc}") from exc
 
+    streams = health_service.HealthStreams(
+        pool_name=settings.node_name,
+        devices=health.device_keys(devices),
+        source=health_source or health.HealthBoard(),
+        log=log.bind(component="health"),
+    )
     dra = server.UnixServer(
         path=settings.dra_socket,
-        services=[lambda s: dra_service.add_services(s, plugin=driver, log=log)],
+        services=[
+            lambda s: dra_service.add_services(s, plugin=driver, log=log),
+            lambda s: health_service.add_services(s, streams=streams),
+        ],
         log=log,
     )
     reg_service = registration.RegistrationService(
-        driver_name=settings.driver_name, endpoint=str(dra.path), log=log
+        driver_name=settings.driver_name,
+        endpoint=str(dra.path),
+        log=log,
+        versions=registration.ALL_VERSIONS,
+        on_status=lambda status: readiness.set("registered", status.registered),
     )
     reg = server.UnixServer(
         path=settings.registration_socket, services=[reg_service.add_to], log=log, max_workers=2
@@ -171,7 +281,13 @@ def run(
         dra.start()
         reg.start()
         try:
-            slice_publisher = start_publisher(settings, devices=devices, api=api, log=log)
+            slice_publisher = start_publisher(
+                settings,
+                devices=devices,
+                api=api,
+                log=log,
+                on_pass=lambda outcome: _published(outcome, metrics=metrics, readiness=readiness),
+            )
         except build.BuildError as exc:  # keep serving: prepared claims still need unprepare
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))
         cleanup.start()
@@ -185,10 +301,22 @@ def run(
         if slice_publisher is not None:
             slice_publisher.stop()
         cleanup.stop()
+        streams.stop()
         dra.stop(grace_s=5.0)
         driver.close()
     log.info("stopped")
     return 0
+
+
+def _published(
+    outcome: publisher.Outcome | None,
+    *,
+    metrics: metrics_mod.DriverMetrics,
+    readiness: health_server.Readiness,
+) -> None:
+    metrics.slice_publish(ok=outcome is not None, slices=outcome.slices if outcome else None)
+    if outcome is not None:
+        readiness.set("slices_published")
 
 
 def install_signal_handlers(stop: threading.Event) -> None:

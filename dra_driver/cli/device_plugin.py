@@ -3,7 +3,9 @@
 The legacy mode for clusters and charts that still ask for ``resources.limits: nvidia.com/gpu``
 (docs/device-plugin.md). It discovers GPUs like every other subcommand, then runs
 :class:`dra_driver.deviceplugin.app.DevicePluginApp` until SIGTERM/SIGINT, removing its sockets
-on the way out. Exit codes: 0 clean shutdown, 1 the kubelet refused us, 2 bad flags or input.
+on the way out. It also serves ``/metrics``, ``/healthz`` and ``/readyz`` (ready once every
+resource is registered). Exit codes: 0 clean shutdown, 1 the kubelet refused us or the metrics
+port is taken, 2 bad flags or input.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
-from dra_driver import logs
+from dra_driver import health_server, logs, metrics
 from dra_driver.cli import common
-from dra_driver.deviceplugin import allocate, app, cdi, health, inventory, registrar
-from dra_driver.devices import backend
+from dra_driver.deviceplugin import allocate, app, cdi, inventory, registrar
+from dra_driver.devices import backend, health
 
 _log = logs.get("cli.device_plugin")
 _E = TypeVar("_E", bound=enum.StrEnum)
@@ -74,6 +76,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=env_default("MIG_STRATEGY", "none"),
         help="none | single | mixed (env MIG_STRATEGY; default none)",
     )
+    health_server.add_flags(parser)
     parser.set_defaults(handler=run)
 
 
@@ -102,11 +105,17 @@ def _choice(enum_type: type[_E], value: str, flag: str) -> _E:
 
 
 def run(args: argparse.Namespace) -> int:
+    registry = metrics.new()
+    readiness = health_server.Readiness(conditions=health_server.DEVICE_PLUGIN_CONDITIONS)
     try:
         config = config_from_args(args)
-        devices = common.make_backend(args).discover()
+        try:
+            devices = common.make_backend(args).discover()
+        except backend.DiscoveryError:
+            registry.nvml_error("discover")
+            raise
         plugin = app.DevicePluginApp(
-            config=config, devices=devices, health_source=health.HealthBoard()
+            config=config, devices=devices, health_source=health.HealthBoard(), readiness=readiness
         )
     except (
         common.UsageError,
@@ -116,6 +125,11 @@ def run(args: argparse.Namespace) -> int:
         registrar.RegistrationError,
     ) as exc:
         return common.fail(str(exc))
+    http = health_server.from_args(args, registry=registry.registry, readiness=readiness)
+    try:
+        http.start()
+    except health_server.HealthServerError as exc:
+        return common.fail(str(exc), code=1)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -128,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         fatal = plugin.run(stop)
     except (cdi.CdiError, registrar.RegistrationError) as exc:
         return common.fail(str(exc), code=1)
+    finally:
+        http.stop()
     if fatal is not None:
         return common.fail(str(fatal), code=1)
     return 0

@@ -2,8 +2,9 @@
 
 It registers with the kubelet, prepares and unprepares ResourceClaims (CDI specs, checkpoint),
 and publishes this node's ResourceSlices. Every flag has an environment twin so the DaemonSet can
-configure it from the downward API (``NODE_NAME``) and its ConfigMap. The wiring itself lives in
-:mod:`dra_driver.app`.
+configure it from the downward API (``NODE_NAME``, ``POD_UID``) and its ConfigMap. It also serves
+``/metrics``, ``/healthz`` and ``/readyz`` (:mod:`dra_driver.health_server`). The wiring itself
+lives in :mod:`dra_driver.app`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import threading
 from pathlib import Path
 
-from dra_driver import app, logs
+from dra_driver import app, health_server, logs, metrics
 from dra_driver.cli import common
 from dra_driver.devices import backend
 from dra_driver.driver import checkpoint
@@ -66,6 +67,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="host path of the NVIDIA driver's files, e.g. /run/nvidia/driver (env DRIVER_ROOT)",
     )
     parser.add_argument(
+        "--driver-root-mount",
+        type=Path,
+        default=env_default("DRIVER_ROOT_MOUNT"),
+        help="where this process sees --driver-root when not at the same path, e.g. /driver-root "
+        "for a host root of /; CDI specs still name host paths (env DRIVER_ROOT_MOUNT)",
+    )
+    parser.add_argument(
+        "--pod-uid",
+        default=env_default("POD_UID", ""),
+        help="this pod's UID: per-instance socket names so an old and a new pod can overlap in a "
+        "rolling update (kubelet >= 1.33; env POD_UID from the downward API)",
+    )
+    parser.add_argument(
         "--cleanup-interval",
         type=float,
         default=float(env_default("CLEANUP_INTERVAL", "60") or 60),
@@ -92,12 +106,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(env DEV_ROOT; default /)",
     )
     common.add_backend_flags(parser)
+    health_server.add_flags(parser)
     parser.set_defaults(handler=run)
 
 
 def settings_from(args: argparse.Namespace) -> app.PluginSettings:
     if not args.node_name:
         raise common.UsageError("--node-name (or NODE_NAME) is required")
+    if args.pod_uid and not checkpoint.valid_uid(args.pod_uid):
+        raise common.UsageError(
+            f"--pod-uid {args.pod_uid!r}: not a pod UID (letters, digits and '-' only)"
+        )
     return app.PluginSettings(
         node_name=args.node_name,
         driver_name=args.driver_name,
@@ -106,6 +125,8 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         cdi_root=args.cdi_root,
         kubeconfig=args.kubeconfig,
         driver_root=args.driver_root,
+        driver_root_mount=args.driver_root_mount,
+        pod_uid=args.pod_uid or "",
         fake=bool(args.fake or args.fake_file),
         dev_root=args.dev_root,
         boot_id_file=args.boot_id_file or checkpoint.BOOT_ID_FILE,
@@ -125,11 +146,28 @@ def run(args: argparse.Namespace) -> int:
         api = client.KubeClient.connect(settings.kubeconfig)
     except (common.UsageError, backend.DiscoveryError, client.ConfigError) as exc:
         return common.fail(str(exc))
+    registry = metrics.new()
+    readiness = app.new_readiness(settings)
+    http = health_server.from_args(args, registry=registry.registry, readiness=readiness)
+    try:
+        http.start()
+    except health_server.HealthServerError as exc:
+        api.close()
+        return common.fail(str(exc), code=1)
     stop = threading.Event()
     app.install_signal_handlers(stop)
     try:
-        return app.run(settings, backend=devices, api=api, stop=stop, log=log)
+        return app.run(
+            settings,
+            backend=devices,
+            api=api,
+            stop=stop,
+            log=log,
+            metrics=registry,
+            readiness=readiness,
+        )
     except (app.StartupError, server.SocketError) as exc:
         return common.fail(str(exc), code=1)
     finally:
+        http.stop()
         api.close()

@@ -13,7 +13,8 @@ import dataclasses
 import enum
 from collections.abc import Sequence
 
-from dra_driver.deviceplugin import cdi, health, inventory
+from dra_driver.deviceplugin import cdi, inventory
+from dra_driver.devices import health
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 

@@ -2,7 +2,8 @@
 
 Builds the resources (MIG strategy, replicas), the static CDI spec, one servicer and one
 registered endpoint per resource, and shuts them down in order. The CLI hands in the discovered
-devices and the health source, so tests run the very same wiring against a fake profile and a
+devices, the health source and the readiness flags (``registered`` once every resource is
+registered with the kubelet), so tests run the very same wiring against a fake profile and a
 test kubelet.
 """
 
@@ -12,9 +13,9 @@ import dataclasses
 import threading
 from pathlib import Path
 
-from dra_driver import logs
-from dra_driver.deviceplugin import allocate, cdi, health, inventory, registrar, service
-from dra_driver.devices import model, topology
+from dra_driver import health_server, logs
+from dra_driver.deviceplugin import allocate, cdi, inventory, registrar, service
+from dra_driver.devices import health, model, topology
 
 _log = logs.get("deviceplugin.app")
 
@@ -39,9 +40,19 @@ class DevicePluginApp:
     """All endpoints of one node. Raises InventoryError / CdiError / RegistrationError early."""
 
     def __init__(
-        self, *, config: Config, devices: model.NodeDevices, health_source: health.HealthSource
+        self,
+        *,
+        config: Config,
+        devices: model.NodeDevices,
+        health_source: health.HealthSource,
+        readiness: health_server.Readiness | None = None,
     ) -> None:
         self.config = config
+        self.readiness = readiness or health_server.Readiness(
+            conditions=health_server.DEVICE_PLUGIN_CONDITIONS
+        )
+        self._registered: set[str] = set()
+        self._registered_lock = threading.Lock()
         self.resources = inventory.build(
             devices,
             resource_name=config.resource_name,
@@ -75,6 +86,7 @@ class DevicePluginApp:
                 plugin_dir=config.plugin_dir,
                 poll_interval_s=config.poll_interval_s,
                 on_fatal=self._on_fatal,
+                on_registered=self._on_registered,
             )
 
     def start(self) -> None:
@@ -113,4 +125,12 @@ class DevicePluginApp:
 
     def _on_fatal(self, exc: registrar.RegistrationError) -> None:
         self._fatal = self._fatal or exc
+        self.readiness.set("registered", False)
         self._done.set()
+
+    def _on_registered(self, resource: str) -> None:
+        with self._registered_lock:
+            self._registered.add(resource)
+            everything = self._registered >= set(self.endpoints)
+        if everything:
+            self.readiness.set("registered")

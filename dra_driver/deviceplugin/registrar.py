@@ -62,7 +62,9 @@ class Endpoint:
         poll_interval_s: float = 0.5,
         register_timeout_s: float = 5.0,
         on_fatal: Callable[[RegistrationError], None] | None = None,
+        on_registered: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_registered(resource_name)`` runs after every successful registration."""
         self.service = service
         self.resource_name = service.resource.name
         self.plugin_dir = plugin_dir.absolute()
@@ -76,6 +78,7 @@ class Endpoint:
         self._poll = poll_interval_s
         self._timeout = register_timeout_s
         self._on_fatal = on_fatal
+        self._on_registered = on_registered
         self._server: grpc.Server | None = None
         self._served: FileId | None = None
         self._stop = threading.Event()
@@ -199,6 +202,8 @@ class Endpoint:
                         self.registrations += 1
                         self._cond.notify_all()
                     self._log.info("registered with kubelet", count=self.registrations)
+                    if self._on_registered is not None:
+                        self._on_registered(self.resource_name)
             self._stop.wait(self._poll)
 
     def _fatal(self, exc: RegistrationError) -> None:

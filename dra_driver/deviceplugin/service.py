@@ -15,8 +15,8 @@ from typing import NoReturn
 import grpc
 
 from dra_driver import logs
-from dra_driver.deviceplugin import allocate, cdi, health, inventory, preferred
-from dra_driver.devices import topology
+from dra_driver.deviceplugin import allocate, cdi, inventory, preferred
+from dra_driver.devices import health, topology
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 

@@ -13,6 +13,7 @@ It also runs the periodic clean-up: claims we still hold whose ResourceClaim no 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -20,10 +21,12 @@ from typing import TypeVar
 import structlog
 
 from dra_driver import logs
+from dra_driver import metrics as metrics_mod
 from dra_driver.driver import checkpoint, claims, results, state
 from dra_driver.kube import api as kube
 
 T = TypeVar("T")
+ClaimLock = Callable[[str], contextlib.AbstractContextManager[object]]
 
 
 class Driver:
@@ -36,20 +39,32 @@ class Driver:
         log: structlog.typing.FilteringBoundLogger,
         workers: int = 32,
         serial: bool = False,
+        metrics: metrics_mod.DriverMetrics | None = None,
+        claim_lock: ClaimLock | None = None,
     ) -> None:
+        """``metrics`` counts and times every claim (one log event each, too); ``claim_lock``
+        (a claim UID → context manager) wraps each claim's work, e.g. a file lock shared with
+        another instance of the plugin (:mod:`dra_driver.driver.instances`)."""
         self.state = claim_state
         self.log = log
         self.serial = serial
+        self.metrics = metrics or metrics_mod.new()
+        self._claim_lock: ClaimLock = claim_lock or (lambda uid: contextlib.nullcontext())
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, workers), thread_name_prefix="claim"
         )
 
     def prepare(self, refs: Sequence[claims.ClaimRef]) -> dict[str, results.PrepareResult]:
         def one(ref: claims.ClaimRef) -> results.PrepareResult:
-            try:
-                return results.PrepareResult(devices=self.state.prepare(ref))
-            except Exception as exc:
-                return results.PrepareResult(error=self._error("prepare", ref, exc))
+            with self.metrics.request("prepare", log=self._claim_log(ref)) as req:
+                try:
+                    with self._claim_lock(ref.uid):
+                        devices = self.state.prepare(ref)
+                except Exception as exc:
+                    req.fail(self._error("prepare", ref, exc))
+                    return results.PrepareResult(error=req.error)
+                req.devices = [d.device_name for d in devices]
+                return results.PrepareResult(devices=devices)
 
         return self._each(refs, one)
 
@@ -57,13 +72,20 @@ class Driver:
         """Claim UID → error ("" = success)."""
 
         def one(ref: claims.ClaimRef) -> str:
-            try:
-                self.state.unprepare(ref)
-                return ""
-            except Exception as exc:
-                return self._error("unprepare", ref, exc)
+            with self.metrics.request("unprepare", log=self._claim_log(ref)) as req:
+                try:
+                    with self._claim_lock(ref.uid):
+                        self.state.unprepare(ref)
+                except Exception as exc:
+                    req.fail(self._error("unprepare", ref, exc))
+                return req.error
 
         return self._each(refs, one)
+
+    def update_gauges(self) -> None:
+        """Set the prepared claims/devices gauges from the checkpoint."""
+        records = self.state.store.records()
+        self.metrics.set_prepared(claims=len(records), devices=sum(len(r.devices) for r in records))
 
     def cleanup(self) -> list[claims.ClaimRef]:
         """Unprepare held claims whose ResourceClaim is gone or replaced; returns them."""
@@ -94,16 +116,25 @@ class Driver:
     ) -> dict[str, T]:
         unique = list({ref.uid: ref for ref in refs}.values())  # a claim listed twice: once
         if self.serial or len(unique) <= 1:
-            return {ref.uid: one(ref) for ref in unique}
-        futures = {ref.uid: self._pool.submit(one, ref) for ref in unique}
-        return {uid: future.result() for uid, future in futures.items()}
+            answers = {ref.uid: one(ref) for ref in unique}
+        else:
+            futures = {ref.uid: self._pool.submit(one, ref) for ref in unique}
+            answers = {uid: future.result() for uid, future in futures.items()}
+        try:
+            self.update_gauges()
+        except Exception:  # a gauge never costs the kubelet its answer
+            self.log.exception("cannot update the prepared-claims gauges")
+        return answers
+
+    def _claim_log(self, ref: claims.ClaimRef) -> structlog.typing.FilteringBoundLogger:
+        return logs.claim_logger(self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name)
 
     def _error(self, what: str, ref: claims.ClaimRef, exc: Exception) -> str:
-        clog = logs.claim_logger(self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name)
+        """The claim's error string; the request's log event carries it (bugs also get a
+        traceback event of their own)."""
         if isinstance(exc, claims.ClaimError | checkpoint.CheckpointError):
-            clog.error(f"{what} failed", error=str(exc))
             return str(exc)
-        clog.exception(f"{what} failed unexpectedly")
+        self._claim_log(ref).exception(f"{what} failed unexpectedly")
         return f"{ref}: {what} failed: internal error: {type(exc).__name__}: {exc}"
 
 

@@ -6,6 +6,11 @@ image. The driver may be installed on the host itself (root ``/``) or by a drive
 (e.g. ``/run/nvidia/driver``); either way we scan the usual library and binary directories once at
 start-up. Symlinks (``libcuda.so.1`` → ``libcuda.so.580.95.05``) are resolved *inside* the root,
 so the container gets a file at every name the loader may look for.
+
+In a container the plugin may see the driver root somewhere else than the host does: the chart
+mounts a host root of ``/`` at ``/driver-root`` (``--driver-root-mount``), since ``/`` cannot be
+mounted at ``/``. Files are then searched under the mount, and the CDI spec names them by their
+*host* path, which is what the container runtime on the host opens.
 """
 
 from __future__ import annotations
@@ -50,16 +55,19 @@ _MAX_LINKS = 16
 class Mount:
     """A read-only bind mount of one driver file."""
 
-    host_path: str
+    host_path: str  # what the CDI spec names (the runtime on the host opens it)
     container_path: str
+    local_path: str = ""  # where this process sees the file (differs under --driver-root-mount)
 
 
-def discover(root: Path) -> tuple[Mount, ...]:
-    """Every driver library and binary under ``root``, in a stable order.
+def discover(root: Path, *, mount: Path | None = None) -> tuple[Mount, ...]:
+    """Every driver library and binary under the driver root, in a stable order.
 
-    ``root`` is where the driver files are visible to this process, which must be the same path
-    as on the host (the plugin's container mounts it at the identical path).
+    ``root`` is the driver root's path on the host; ``mount`` is where this process sees it
+    (default: at ``root`` itself). ``host_path`` of each result lies under ``root``.
     """
+    host_root = root
+    root = mount if mount is not None else root
     mounts: dict[str, Mount] = {}
     for rel_dir, wanted in [(d, _is_library) for d in LIBRARY_DIRS] + [
         (d, _is_binary) for d in BINARY_DIRS
@@ -74,7 +82,10 @@ def discover(root: Path) -> tuple[Mount, ...]:
             if target is None:
                 continue
             container_path = str(PurePosixPath("/") / rel_dir / entry.name)
-            mounts.setdefault(container_path, Mount(str(target), container_path))
+            host_path = host_root / target.relative_to(root)
+            mounts.setdefault(
+                container_path, Mount(str(host_path), container_path, local_path=str(target))
+            )
     return tuple(mounts.values())
 
 
@@ -95,4 +106,6 @@ def _resolve_inside(root: Path, path: Path) -> Path | None:
         target = os.readlink(current)
         absolute = target.startswith("/")
         current = root / target.lstrip("/") if absolute else current.parent / target
+        # ".." never leaves the root, as on a real "/": root/usr/../../etc is root/etc
+        current = root / os.path.normpath("/" + os.path.relpath(current, root)).lstrip("/")
     return None

@@ -7,9 +7,11 @@ here too, as the last line of defence: a device prepared for one claim is refuse
 unless one of them has admin access or both hold shares of a multi-allocatable device.
 
 Order of effects (crash-safety argument):
-prepare:   checkpoint PrepareStarted → write CDI spec → checkpoint PrepareCompleted
-unprepare: delete checkpoint record → remove CDI spec
-start-up:  PrepareStarted → spec removed, record deleted (rolled back); a completed record
+prepare:   checkpoint PrepareStarted (carries the sharing intent) → apply GPU sharing
+           (:mod:`~dra_driver.driver.sharing`) → write CDI spec → checkpoint PrepareCompleted
+unprepare: restore GPU sharing defaults → delete checkpoint record → remove CDI spec
+start-up:  sharing of completed records re-applied, of PrepareStarted ones restored;
+           PrepareStarted → spec removed, record deleted (rolled back); a completed record
            whose spec is missing → spec rewritten from it; a spec of ours with no record → removed.
 """
 
@@ -23,7 +25,7 @@ from collections.abc import Iterator, Sequence
 import structlog
 
 from dra_driver import logs
-from dra_driver.driver import cdi, checkpoint, claims, config, inventory, results
+from dra_driver.driver import cdi, checkpoint, claims, config, inventory, results, sharing
 from dra_driver.kube import api as kube
 
 
@@ -109,6 +111,7 @@ class ClaimState:
         specs: cdi.CdiSpecs,
         store: checkpoint.Checkpoint,
         log: structlog.typing.FilteringBoundLogger,
+        gpu_sharing: sharing.GpuSharing | None = None,
     ) -> None:
         self.api = api
         self.driver_name = driver_name
@@ -119,6 +122,7 @@ class ClaimState:
         self.log = log
         self.locks = ClaimLocks()
         self.ownership = Ownership()
+        self.sharing = gpu_sharing or sharing.GpuSharing(gpu_control=None, log=log)
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -134,6 +138,7 @@ class ClaimState:
                 "node rebooted since these claims were prepared; forgot them",
                 claims=report.other_boot,
             )
+        self._recover_sharing(report.records)
         for record in report.records:
             clog = logs.claim_logger(
                 self.log, uid=record.uid, namespace=record.namespace, name=record.name
@@ -155,6 +160,17 @@ class ClaimState:
             if uid not in known:
                 self.specs.remove(uid)
                 self.log.info("removed a CDI spec of ours without a prepared claim", claim_uid=uid)
+
+    def _recover_sharing(self, records: list[checkpoint.ClaimRecord]) -> None:
+        by_state: dict[str, dict[str, tuple[sharing.Target, ...]]] = {}
+        for record in records:
+            wanted = sharing.recorded_targets(record, self.devices)
+            if wanted:
+                by_state.setdefault(record.state, {})[record.uid] = wanted
+        self.sharing.recover(
+            held=by_state.get(checkpoint.PREPARE_COMPLETED, {}),
+            interrupted=by_state.get(checkpoint.PREPARE_STARTED, {}),
+        )
 
     # ---- prepare / unprepare -------------------------------------------------------------------
 
@@ -182,17 +198,20 @@ class ClaimState:
                 claim, ref=ref, driver=self.driver_name, pool=self.pool_name
             )
             planned = self._plan(ref, allocated)
+            wanted = sharing.targets(ref, planned)
             spec = self.specs.build(ref, planned)
             self.ownership.reserve(ref, allocated)
             try:
                 record = self._record(ref, allocated, planned, spec)
                 self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
+                self.sharing.apply(ref, wanted)
                 self.specs.write(ref.uid, spec)
                 self.store.put(record)
             except BaseException:
-                self._forget(ref.uid)
+                self._forget(ref.uid, strict=False)
                 raise
-            clog.info(
+            # Debug: the driver loop logs one info event per request (result, devices, time).
+            clog.debug(
                 "prepared claim",
                 devices=[d.device for d in allocated],
                 cdi_spec=str(self.specs.spec_path(ref.uid)),
@@ -206,12 +225,22 @@ class ClaimState:
         with self.locks.hold(ref.uid):
             known = self.store.get(ref.uid) is not None
             self._forget(ref.uid)
-            clog.info("unprepared claim" if known else "unprepare of a claim not prepared here")
+            clog.debug("unprepared claim" if known else "unprepare of a claim not prepared here")
 
     def prepared_claims(self) -> list[claims.ClaimRef]:
         return [_ref(r) for r in self.store.records()]
 
-    def _forget(self, uid: str) -> None:
+    def _forget(self, uid: str, *, strict: bool = True) -> None:
+        """Drop a claim: GPU sharing restored first (a failure raises when ``strict``, keeping
+        the record so a retry or the next start-up restores it), then record, spec, ownership."""
+        record = self.store.get(uid)
+        if record is not None:
+            try:
+                self.sharing.release(_ref(record), sharing.recorded_targets(record, self.devices))
+            except sharing.SharingError as exc:
+                if strict:
+                    raise
+                self.log.error("GPU sharing not restored", claim_uid=uid, error=str(exc))
         self.store.delete(uid)
         self.specs.remove(uid)
         self.ownership.release(uid)

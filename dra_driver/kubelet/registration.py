@@ -2,14 +2,17 @@
 
 The kubelet watches its ``plugins_registry`` directory; for our socket there it calls ``GetInfo``
 (answered with the plugin type, our driver name, the DRA socket path and the DRA API versions we
-serve, v1 first), then reports with ``NotifyRegistrationStatus``. A refusal is logged as an error
-the operator sees, with the kubelet's reason; the kubelet retries on its own.
+serve, v1 first, then the health stream versions), then reports with
+``NotifyRegistrationStatus``. A refusal is logged as an error the operator sees, with the
+kubelet's reason; the kubelet retries on its own. ``on_status`` hands each verdict to the app
+(readiness follows it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -19,6 +22,8 @@ from dra_driver.pb.pluginregistration.v1 import registration_pb2, registration_p
 
 PLUGIN_TYPE = "DRAPlugin"
 DRA_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The DRAPlugin versions come first; the health stream strings follow (contracts.md §2.3).
+ALL_VERSIONS = (*DRA_VERSIONS, "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,6 +44,7 @@ class RegistrationService(registration_pb2_grpc.RegistrationServicer):
         endpoint: str,
         log: structlog.typing.FilteringBoundLogger,
         versions: tuple[str, ...] = DRA_VERSIONS,
+        on_status: Callable[[Status], None] | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.endpoint = endpoint
@@ -46,6 +52,7 @@ class RegistrationService(registration_pb2_grpc.RegistrationServicer):
         self.log = log
         self.status: Status | None = None
         self.status_changed = threading.Event()
+        self._on_status = on_status
 
     def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.log.debug("kubelet asked for plugin info")
@@ -70,6 +77,8 @@ class RegistrationService(registration_pb2_grpc.RegistrationServicer):
                 reason=request.error or "(no reason given)",
             )
         self.status_changed.set()
+        if self._on_status is not None:
+            self._on_status(self.status)
         return registration_pb2.RegistrationStatusResponse()
 
     def add_to(self, server: grpc.Server) -> None:

@@ -6,11 +6,14 @@ real plugin over its real unix sockets.
 The stub does what the kubelet's plugin watcher and DRA manager do: find ``<driver>-reg.sock`` in
 the registry directory, call ``GetInfo``, check the answer, report ``NotifyRegistrationStatus``,
 then dial the advertised endpoint and call NodePrepareResources / NodeUnprepareResources with the
-version it picked (the first advertised one it supports, like the kubelet).
+version it picked (the first advertised one it supports, like the kubelet). It can also open the
+DRA health stream (``NodeWatchResources``) and read the plugin's ``/metrics`` and ``/readyz``.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import subprocess
@@ -23,16 +26,25 @@ from typing import Any
 
 import grpc
 
+from dra_driver import app
 from dra_driver.driver import claims
 from dra_driver.pb.dra.v1 import dra_pb2 as v1_pb2
 from dra_driver.pb.dra.v1 import dra_pb2_grpc as v1_grpc
 from dra_driver.pb.dra.v1beta1 import dra_pb2 as v1beta1_pb2
 from dra_driver.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
+from dra_driver.pb.dra_health.v1 import health_pb2 as health_v1_pb2
+from dra_driver.pb.dra_health.v1 import health_pb2_grpc as health_v1_grpc
+from dra_driver.pb.dra_health.v1alpha1 import health_pb2 as health_v1alpha1_pb2
+from dra_driver.pb.dra_health.v1alpha1 import health_pb2_grpc as health_v1alpha1_grpc
 from dra_driver.pb.pluginregistration.v1 import registration_pb2, registration_pb2_grpc
 
 VERSIONS: dict[str, tuple[ModuleType, Any]] = {
     "v1.DRAPlugin": (v1_pb2, v1_grpc.DRAPluginStub),
     "v1beta1.DRAPlugin": (v1beta1_pb2, v1beta1_grpc.DRAPluginStub),
+}
+HEALTH_VERSIONS: dict[str, tuple[ModuleType, Any]] = {
+    "v1.DRAResourceHealth": (health_v1_pb2, health_v1_grpc.DRAResourceHealthStub),
+    "v1alpha1.DRAResourceHealth": (health_v1alpha1_pb2, health_v1alpha1_grpc.DRAResourceHealthStub),
 }
 TIMEOUT_S = 45.0  # the kubelet's per-call deadline
 
@@ -50,8 +62,16 @@ class KubeletSim:
         self._channels: list[grpc.Channel] = []
         self._dra_channel: grpc.Channel | None = None
 
-    def register(self, driver: str, *, accept: bool = True, timeout_s: float = 20.0) -> Any:
-        sock = self.registry_dir / f"{driver}-reg.sock"
+    def register(
+        self,
+        driver: str,
+        *,
+        accept: bool = True,
+        timeout_s: float = 20.0,
+        socket: Path | None = None,
+    ) -> Any:
+        """Register the plugin behind ``socket`` (default ``<driver>-reg.sock``)."""
+        sock = socket or self.registry_dir / f"{driver}-reg.sock"
         channel = self._channel(sock, timeout_s)
         reg = registration_pb2_grpc.RegistrationStub(channel)
         info = reg.GetInfo(registration_pb2.InfoRequest(), timeout=5)
@@ -100,6 +120,18 @@ class KubeletSim:
         )
         return stub.NodePrepareResources(request, timeout=TIMEOUT_S)
 
+    def watch_health(self, version: str = "v1.DRAResourceHealth", timeout_s: float = 30) -> Any:
+        """Open the health stream of ``version`` (advertised by GetInfo); iterate the result,
+        ``cancel()`` it when done."""
+        if version not in self.info.supported_versions:
+            raise RegistrationRefused(f"{version} not advertised")
+        if self._dra_channel is None:
+            self.dra()
+        pb, stub_type = HEALTH_VERSIONS[version]
+        return stub_type(self._dra_channel).NodeWatchResources(
+            pb.NodeWatchResourcesRequest(), timeout=timeout_s
+        )
+
     def unprepare(self, refs: Sequence[claims.ClaimRef], version: str | None = None) -> Any:
         pb, stub = self.dra(version)
         request = pb.NodeUnprepareResourcesRequest(
@@ -127,6 +159,7 @@ class PluginProcess:
         fake: str = "dgx-h100",
         fake_file: Path | None = None,
         publish: bool = False,
+        pod_uid: str = "",
         extra: Sequence[str] = (),
     ) -> None:
         self.base = base
@@ -134,7 +167,14 @@ class PluginProcess:
         self.registry_dir = base / "registry"
         self.plugins_dir = base / "plugins"
         self.cdi_root = base / "cdi"
-        self.log_path = base / "plugin.log"
+        self.log_path = base / (f"plugin-{pod_uid}.log" if pod_uid else "plugin.log")
+        self.settings = app.PluginSettings(
+            node_name=node,
+            driver_name=driver,
+            registry_dir=self.registry_dir,
+            plugins_dir=self.plugins_dir,
+            pod_uid=pod_uid,
+        )
         self.argv = [
             sys.executable,
             "-m",
@@ -160,17 +200,44 @@ class PluginProcess:
             *([] if publish else ["--no-publish"]),
             "--cleanup-interval",
             "0",
+            *(["--pod-uid", pod_uid] if pod_uid else []),
+            "--metrics-address",
+            "127.0.0.1",
+            "--metrics-port",
+            "0",
             *extra,
         ]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def registration_socket(self) -> Path:
-        return self.registry_dir / f"{self.driver}-reg.sock"
+        return self.settings.registration_socket
 
     @property
     def dra_socket(self) -> Path:
-        return self.plugins_dir / self.driver / "dra.sock"
+        return self.settings.dra_socket
+
+    def http_get(self, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
+        """GET ``path`` from the plugin's metrics/health server: (status, body)."""
+        host, port = self._http_address(timeout_s)
+        conn = http.client.HTTPConnection(host, port, timeout=5)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read().decode()
+        finally:
+            conn.close()
+
+    def _http_address(self, timeout_s: float) -> tuple[str, int]:
+        """Where the server listens, from its log line (it was started on port 0)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in self.log().splitlines():
+                if '"health server listening"' in line:
+                    event = json.loads(line)
+                    return str(event["host"]), int(event["port"])
+            time.sleep(0.02)
+        raise TimeoutError(f"no health server in the plugin's log:\n{self.log()}")
 
     def start(self) -> PluginProcess:
         log = self.log_path.open("ab")

@@ -69,6 +69,7 @@ class Outcome:
     updated: list[str] = dataclasses.field(default_factory=list)
     deleted: list[str] = dataclasses.field(default_factory=list)
     rejected: list[str] = dataclasses.field(default_factory=list)  # failed local validation
+    slices: int = 0  # slices of ours on the server after the pass
     generation: int = 0
     resource_version: str = ""
 
@@ -91,8 +92,12 @@ class Publisher:
         watch_timeout_s: float = 60.0,
         sleep: Callable[[float], None] | None = None,
         log: Log | None = None,
+        on_pass: Callable[[Outcome | None], None] | None = None,
     ) -> None:
+        """``on_pass`` hears about every pass of :meth:`run`: its Outcome, or None when it
+        failed (metrics, readiness); an exception it raises is logged, never fatal."""
         self._api = kube
+        self._on_pass = on_pass
         self.driver_name, self.node_name = driver_name, node_name
         self._backoff = backoff or Backoff()
         self._resync_s, self._watch_timeout_s = resync_s, watch_timeout_s
@@ -139,8 +144,9 @@ class Publisher:
         while not self._stop.is_set():
             self._wake.clear()
             try:
-                self.reconcile_once()
+                outcome = self.reconcile_once()
             except PublishError as exc:
+                self._notify(None)
                 delay = self._backoff.next_delay()
                 self.log.warning(
                     "publishing ResourceSlice failed",
@@ -153,8 +159,17 @@ class Publisher:
                 )
                 self._sleep(delay)
                 continue
+            self._notify(outcome)
             self._backoff.reset()
             self._wake.wait(self._resync_s)
+
+    def _notify(self, outcome: Outcome | None) -> None:
+        if self._on_pass is None:
+            return
+        try:
+            self._on_pass(outcome)
+        except Exception as exc:  # an observer never stops publishing
+            self.log.error("ResourceSlice publish observer failed", error=repr(exc))
 
     # ------------------------------------------------------------------ one pass
     def reconcile_once(self) -> Outcome:
@@ -252,6 +267,7 @@ class Publisher:
             self._known.pop(name, None)
             outcome.deleted.append(name)
         self._watch_from = self._watch_from or list_rv
+        outcome.slices = len(wanted)
         return outcome
 
     def _write(self, op: str, obj: api.Obj, done: list[str]) -> None:
@@ -355,13 +371,16 @@ def start_node_publisher(
     driver_name: str,
     node_name: str,
     log: Log | None = None,
+    on_pass: Callable[[Outcome | None], None] | None = None,
 ) -> Publisher:
     """Build the node's slices from ``devices`` and keep them published (the node agent's hook).
 
     Raises :class:`~dra_driver.slices.build.BuildError` when the names cannot make a slice.
     """
     result = build.build(devices, node_name=node_name, driver_name=driver_name)
-    publisher = Publisher(kube=api, driver_name=driver_name, node_name=node_name, log=log)
+    publisher = Publisher(
+        kube=api, driver_name=driver_name, node_name=node_name, log=log, on_pass=on_pass
+    )
     for problem in result.problems:
         publisher.log.warning("device left out of the ResourceSlices", problem=problem)
     publisher.set_desired(result.slices)

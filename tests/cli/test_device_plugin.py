@@ -3,6 +3,7 @@ SIGTERM (removing its socket), and refuses bad flags with one clear line."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -135,3 +137,75 @@ def test_bad_settings_exit_2_with_one_clear_line(
     assert proc.returncode == 2
     assert f"dra-driver: error: {message}" in err
     assert list(plugin_dir.glob("*.sock")) == []
+
+
+def test_metrics_and_readiness_follow_registration(plugin_dir: Path) -> None:
+    log_path = plugin_dir / "plugin.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dra_driver",
+                "--log-format",
+                "json",
+                "device-plugin",
+                "--device-plugin-dir",
+                str(plugin_dir),
+                "--cdi-root",
+                str(plugin_dir / "cdi"),
+                "--fake",
+                "pcie-l4",
+                "--metrics-address",
+                "127.0.0.1",
+                "--metrics-port",
+                "0",
+            ],
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        address = _http_address(log_path)
+        assert _get(address, "/healthz")[0] == 200
+        status, body = _get(address, "/readyz")  # no kubelet yet: not registered, not ready
+        assert (status, json.loads(body)["conditions"]) == (503, {"registered": False})
+        assert "dra_driver_build_info" in _get(address, "/metrics")[1]
+        rec = Recorder()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        pb_grpc.add_RegistrationServicer_to_server(rec, server)
+        server.add_insecure_port(f"unix://{plugin_dir / 'kubelet.sock'}")
+        server.start()
+        try:
+            assert rec.arrived.wait(timeout=15)
+            deadline = time.monotonic() + 10
+            while _get(address, "/readyz")[0] != 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _get(address, "/readyz")[0] == 200
+        finally:
+            server.stop(grace=0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _http_address(log_path: Path, timeout_s: float = 15) -> tuple[str, int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in log_path.read_text().splitlines():
+            if '"health server listening"' in line:
+                event = json.loads(line)
+                return event["host"], int(event["port"])
+        time.sleep(0.05)
+    raise AssertionError(f"no health server in the log:\n{log_path.read_text()}")
+
+
+def _get(address: tuple[str, int], path: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection(*address, timeout=5)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()

@@ -20,9 +20,6 @@ from dra_driver import cli
 # unread variable still fails the test.
 NOT_A_FLAG = {
     "POD_NAMESPACE": "informational (log context)",
-    "POD_UID": "unique socket names for seamless upgrades: needs agent support (contracts §8.2)",
-    "DRIVER_ROOT_MOUNT": "where the host driver root is mounted when it is /: needs agent support",
-    "METRICS_PORT": "read by health_server.add_flags once the lead wires it into the CLI",
 }
 FIELD_VALUES = {"spec.nodeName": "node-a", "metadata.uid": "uid-1", "metadata.namespace": "ns"}
 

@@ -14,8 +14,8 @@ from typing import Any
 import grpc
 import pytest
 
-from dra_driver.deviceplugin import app, health
-from dra_driver.devices import fake, model
+from dra_driver.deviceplugin import app
+from dra_driver.devices import fake, health, model
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.deviceplugin import app, health, registrar
-from dra_driver.devices import fake
+from dra_driver.deviceplugin import app, registrar
+from dra_driver.devices import fake, health
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 
 from .conftest import StartPlugin

@@ -86,3 +86,47 @@ def test_usage_errors_are_one_clear_line(
     assert f"kubeconfig {missing} does not exist" in capsys.readouterr().err
     assert cli.main(["kubelet-plugin", "--node-name", "n1", "--fake", "no-such-profile"]) == 2
     assert "no-such-profile" in capsys.readouterr().err
+
+
+def test_pod_uid_names_the_sockets_per_instance(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_UID", "0f5e2a64-7c1b-4d39-9a43-1c2b3d4e5f60")
+    monkeypatch.setenv("DRIVER_ROOT_MOUNT", "/driver-root")
+    s = parse(["--node-name", "n1", "--kubelet-registry-dir", "/r", "--kubelet-plugins-dir", "/p"])
+    assert s.pod_uid == "0f5e2a64-7c1b-4d39-9a43-1c2b3d4e5f60"
+    assert s.driver_root_mount == Path("/driver-root")
+    assert s.registration_socket == Path(
+        "/r/gpu.nvidia.com-0f5e2a64-7c1b-4d39-9a43-1c2b3d4e5f60-reg.sock"
+    )
+    assert s.dra_socket == Path("/p/gpu.nvidia.com/dra-0f5e2a64-7c1b-4d39-9a43-1c2b3d4e5f60.sock")
+    assert s.lock_dir == Path("/p/gpu.nvidia.com/locks")
+
+
+UID_A, UID_B = "0f5e2a64-7c1b-4d39-9a43-1c2b3d4e5f60", "0f5e2a64-7c1b-4d39-9a43-1c2b3d4e5f61"
+
+
+def test_too_long_socket_paths_fall_back_to_a_short_hash() -> None:
+    deep = "/var/lib/kubelet/" + "x" * 40
+    a = parse(["--node-name", "n1", "--kubelet-registry-dir", deep, "--pod-uid", UID_A])
+    b = parse(["--node-name", "n1", "--kubelet-registry-dir", deep, "--pod-uid", UID_B])
+    name = a.registration_socket.name
+    assert a.registration_socket.parent == Path(deep) and len(name) == len(
+        "0123456789abcdef-reg.sock"
+    )
+    assert name != b.registration_socket.name  # still one per instance
+    assert len(str(a.registration_socket).encode()) <= 107
+    s = parse(["--node-name", "n1", "--kubelet-plugins-dir", deep, "--pod-uid", UID_A])
+    assert s.dra_socket.name.startswith("dra-") and len(str(s.dra_socket).encode()) <= 107
+    assert (
+        s.dra_socket
+        != parse(
+            ["--node-name", "n1", "--kubelet-plugins-dir", deep, "--pod-uid", UID_B]
+        ).dra_socket
+    )
+
+
+def test_bad_pod_uid_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        cli.main(["kubelet-plugin", "--node-name", "n1", "--fake", "dgx-h100", "--pod-uid", "a/b"])
+        == 2
+    )
+    assert "--pod-uid 'a/b': not a pod UID" in capsys.readouterr().err

@@ -73,13 +73,22 @@ def test_register_prepare_unprepare_both_versions_then_sigterm(
 ) -> None:
     kubelet = KubeletSim(plugin.registry_dir)
     plugin.wait_ready()
+    status, body = plugin.http_get("/readyz")  # publishing is off: registration is all it needs
+    assert (status, json.loads(body)["conditions"]) == (503, {"registered": False})
+    assert plugin.http_get("/healthz")[0] == 200
     info = kubelet.register("gpu.nvidia.com")
+    assert plugin.http_get("/readyz")[0] == 200
     assert (info.type, info.name, info.endpoint) == (
         "DRAPlugin",
         "gpu.nvidia.com",
         str(plugin.dra_socket),
     )
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
     assert kubelet.version == "v1.DRAPlugin"
 
     a = put_claim(apiserver, "a", ["gpu-0", "gpu-1"], request="gpu/h100")
@@ -108,6 +117,16 @@ def test_register_prepare_unprepare_both_versions_then_sigterm(
         }
         assert list(plugin.cdi_root.iterdir()) == []
 
+    _, text = plugin.http_get("/metrics")
+    samples = metric_samples(text)
+    # two calls of three claims each: a, b ok; the bogus one fails to prepare, unprepares fine
+    assert samples['dra_driver_requests_total{operation="prepare",result="success"}'] == 4
+    assert samples['dra_driver_requests_total{operation="prepare",result="error"}'] == 2
+    assert samples['dra_driver_requests_total{operation="unprepare",result="success"}'] == 6
+    assert samples['dra_driver_request_duration_seconds_count{operation="prepare"}'] == 6
+    assert samples["dra_driver_prepared_claims"] == 0
+    assert samples['dra_driver_requests_in_flight{operation="prepare"}'] == 0
+
     kubelet.close()
     plugin.signal(signal.SIGTERM)
     assert plugin.wait() == 0
@@ -120,6 +139,36 @@ def test_register_prepare_unprepare_both_versions_then_sigterm(
     assert about_a and all(
         x["claim_namespace"] == "team" and x["claim_name"] == "a" for x in about_a
     )
+    # exactly one summary event per claim and operation, with devices, duration and result
+    prepared = [x for x in about_a if x["event"] == "claim prepared"]
+    unprepared = [x for x in about_a if x["event"] == "claim unprepared"]
+    assert len(prepared) == 2 and len(unprepared) == 2
+    assert prepared[0]["devices"] == ["gpu-0", "gpu-1"] and prepared[0]["result"] == "success"
+    assert prepared[0]["duration_ms"] >= 0 and prepared[0]["level"] == "info"
+    failed = [x for x in lines if x.get("claim_uid") == bogus.uid and x["event"].endswith("failed")]
+    assert len(failed) == 2 and failed[0]["result"] == "error"
+    assert "not found in the API server" in failed[0]["error"]
+
+
+def wait_for_sample(proc: PluginProcess, name: str, timeout_s: float = 10) -> dict[str, float]:
+    """The plugin's metrics once ``name`` is positive."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = metric_samples(proc.http_get("/metrics")[1])
+        if samples.get(name, 0) > 0 or time.monotonic() > deadline:
+            assert samples.get(name, 0) > 0, f"{name} stayed 0"
+            return samples
+        time.sleep(0.05)
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    """Prometheus text format → {name{labels}: value} (comments skipped)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
 
 
 def test_a_refused_registration_is_an_error_the_operator_sees(plugin: PluginProcess) -> None:
@@ -127,6 +176,12 @@ def test_a_refused_registration_is_an_error_the_operator_sees(plugin: PluginProc
     plugin.wait_ready()
     with pytest.raises(RegistrationRefused):
         kubelet.register("gpu.nvidia.com", accept=False)
+    assert plugin.http_get("/readyz")[0] == 503
+    kubelet.register("gpu.nvidia.com")
+    assert plugin.http_get("/readyz")[0] == 200
+    with pytest.raises(RegistrationRefused):  # the kubelet dropped us: not ready again
+        kubelet.register("gpu.nvidia.com", accept=False)
+    assert plugin.http_get("/readyz")[0] == 503
     kubelet.close()
     plugin.signal(signal.SIGTERM)
     plugin.wait()
@@ -163,6 +218,16 @@ def test_the_node_agent_also_publishes_its_resource_slices(
             time.sleep(0.05)
         slices = apiserver.api.all_resource_slices()
         assert slices, proc.log()
+        samples = wait_for_sample(proc, 'dra_driver_resourceslice_publish_total{result="success"}')
+        assert samples["dra_driver_resourceslices"] == len(slices)
+        # published, but not registered with the kubelet yet: not ready
+        status, body = proc.http_get("/readyz")
+        assert status == 503
+        assert json.loads(body)["conditions"] == {"registered": False, "slices_published": True}
+        kubelet = KubeletSim(proc.registry_dir)
+        kubelet.register("gpu.nvidia.com")
+        kubelet.close()
+        assert proc.http_get("/readyz")[0] == 200
         names = {d["name"] for s in slices for d in s["spec"]["devices"]}
         assert {f"gpu-{i}" for i in range(8)} <= names
         assert {s["spec"]["pool"]["name"] for s in slices} == {"n1"}

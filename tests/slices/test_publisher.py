@@ -333,3 +333,26 @@ def test_node_agent_hook_starts_and_stops(mem: memory.InMemoryApi, log: Recorder
 def test_errors_name_the_operation_and_slice() -> None:
     err = publisher.PublishError("update", "n1-x-0", api.ApiError(503, "unavailable"))
     assert str(err) == "update ResourceSlice 'n1-x-0' failed: unavailable"
+
+
+def test_the_pass_observer_hears_failures_and_successes_and_cannot_break_the_loop(
+    mem: memory.InMemoryApi, make_publisher: Callable[..., publisher.Publisher], log: Recorder
+) -> None:
+    heard: list[publisher.Outcome | None] = []
+
+    def observer(outcome: publisher.Outcome | None) -> None:
+        heard.append(outcome)
+        raise RuntimeError("observer bug")
+
+    pub = make_publisher(sleep=lambda s: None, on_pass=observer)
+    mem.fail_next("create_resource_slice", 503, times=2)
+    pub.set_desired(desired())
+    pub.start()
+    wait_for(lambda: any(o is not None for o in heard))
+    assert heard[:2] == [None, None]
+    success = heard[2]
+    assert success is not None and success.slices == len(mem.all_resource_slices()) == 1
+    failed = [
+        kw for lvl, event, kw in log.lines if event == "ResourceSlice publish observer failed"
+    ]
+    assert failed and "observer bug" in failed[0]["error"]

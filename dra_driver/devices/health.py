@@ -1,10 +1,12 @@
-"""Device health as the device plugin consumes it: a versioned set of unhealthy UUIDs.
+"""Device health both agents report: a versioned set of unhealthy UUIDs.
 
-Why: ListAndWatch must resend the full device list whenever a GPU turns unhealthy *or* healthy
-again, and several streams (one per resource, a new one after every kubelet restart) watch the
-same facts. A :class:`HealthSource` gives them a snapshot plus a blocking "wait until it
-changed"; whatever detects health (the fake backend's switch today, NVML XID events later) feeds a
-:class:`HealthBoard`. Keyed by GPU or MIG UUID; a MIG device also follows its parent GPU.
+Why: the device plugin's ListAndWatch and the DRA health stream (``NodeWatchResources``) must
+resend the full device list whenever a GPU turns unhealthy *or* healthy again, and several
+streams (one per resource or API version, a new one after every kubelet restart) watch the same
+facts. A :class:`HealthSource` gives them a snapshot plus a blocking "wait until it changed";
+whatever detects health (the fake backend's switch today, NVML XID events later) feeds a
+:class:`HealthBoard`. Keyed by GPU or MIG UUID; a MIG device also follows its parent GPU
+(:func:`device_keys`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Protocol
+
+from dra_driver.devices import model
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -37,7 +41,7 @@ class Snapshot:
 
 
 class HealthSource(Protocol):
-    """What the device plugin reads health from."""
+    """What the device plugin and the DRA health service read health from."""
 
     def snapshot(self) -> Snapshot:
         """The current state."""
@@ -104,3 +108,13 @@ class HealthBoard:
 
     def _snap(self) -> Snapshot:
         return Snapshot(version=self._version, unhealthy=MappingProxyType(dict(self._unhealthy)))
+
+
+def device_keys(node: model.NodeDevices) -> dict[str, tuple[str, ...]]:
+    """Published device name → the UUIDs whose failure makes it unhealthy (own, then parent's)."""
+    keys: dict[str, tuple[str, ...]] = {}
+    for gpu in node.gpus:
+        keys[gpu.name] = (gpu.uuid,)
+        for mig in gpu.mig_devices:
+            keys[model.mig_device_name(gpu, mig)] = (mig.uuid, gpu.uuid)
+    return keys

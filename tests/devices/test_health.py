@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from dra_driver.deviceplugin import health
+from dra_driver.devices import health
 
 
 def test_marks_change_the_version_only_when_state_changes() -> None:
