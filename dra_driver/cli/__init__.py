@@ -16,16 +16,19 @@ from collections.abc import Callable, Sequence
 
 from dra_driver import __version__, logs
 
-# Subcommand modules, in the order `--help` lists them.
-COMMANDS = (
-    "discover",
-    "slices",
-    "publish",
-    "simulate",
-    "demo",
-    "kubelet_plugin",
-    "device_plugin",
-)
+# Subcommands, in the order `--help` lists them, with their one-line summaries. A subcommand's
+# module is imported only when that subcommand runs (or for `--help`): the node agent's memory
+# (RSS is a target) must not carry the simulator, the demo or the in-memory API server.
+SUMMARIES = {
+    "discover": "list this node's GPUs and their topology",
+    "slices": "print the ResourceSlices this node would publish (multi-document YAML)",
+    "publish": "publish this node's ResourceSlices and keep them",
+    "simulate": "allocate a ResourceClaim on one node locally and explain failures",
+    "demo": "run the whole node pipeline on fake GPUs (no cluster, no GPU needed)",
+    "kubelet-plugin": "run the node agent: kubelet DRA plugin and slice publisher",
+    "device-plugin": "serve nvidia.com/gpu through the kubelet device plugin API",
+}
+COMMANDS = tuple(name.replace("-", "_") for name in SUMMARIES)  # module names
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -35,7 +38,8 @@ def env_default(env: str, default: str | None = None) -> str | None:
     return os.environ.get(env, default)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The full parser for ``argv``: only the chosen subcommand's module is imported."""
     parser = argparse.ArgumentParser(
         prog="dra-driver",
         description="Kubernetes DRA driver for NVIDIA GPUs (topology-aware).",
@@ -54,19 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto = console on a terminal, JSON otherwise (env LOG_FORMAT)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"dra_driver.cli.{name}")
-        except ModuleNotFoundError as exc:  # DEVELOPMENT-ONLY: removed once all exist
-            if exc.name != f"dra_driver.cli.{name}":
-                raise
-            continue
-        module.register(sub)
+    # The first word naming a subcommand is the subcommand (global flags' values never do).
+    words = sys.argv[1:] if argv is None else argv
+    chosen = next((word for word in words if word in SUMMARIES), None)
+    for name, summary in SUMMARIES.items():
+        if chosen is None or name == chosen:
+            module = importlib.import_module(f"dra_driver.cli.{name.replace('-', '_')}")
+            module.register(sub)
+        else:  # listed in --help; never parsed (another subcommand was chosen)
+            sub.add_parser(name, help=summary)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logs.configure(level=args.log_level, fmt=args.log_format)
     handler: Handler = args.handler

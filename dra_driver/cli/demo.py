@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dra_driver import demo
+from dra_driver import cli, demo
 from dra_driver.cli import common, env_default
 from dra_driver.devices import fake, profiles
 
@@ -14,7 +14,7 @@ from dra_driver.devices import fake, profiles
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "demo",
-        help="run the whole node pipeline on fake GPUs (no cluster, no GPU needed)",
+        help=cli.SUMMARIES["demo"],
         description="Discover fake GPUs, publish ResourceSlices, allocate the example claims, "
         "and drive the real kubelet plugin over real unix sockets as the kubelet would.",
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
-from dra_driver import health_server, logs, metrics
+from dra_driver import cli, health_server, logs, metrics
 from dra_driver.cli import common
 from dra_driver.deviceplugin import allocate, app, cdi, inventory, registrar
 from dra_driver.devices import backend, health
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     parser = sub.add_parser(
         "device-plugin",
-        help="serve nvidia.com/gpu through the kubelet device plugin API",
+        help=cli.SUMMARIES["device-plugin"],
         description="Legacy device-plugin mode (docs/device-plugin.md). Do not run it on a node "
         "where the DRA kubelet plugin serves the same GPUs.",
     )

@@ -13,12 +13,13 @@ from typing import Any
 
 import yaml
 
+from dra_driver import cli
 from dra_driver.cli import common
 from dra_driver.devices import backend, model, topology
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("discover", help="list this node's GPUs and their topology")
+    parser = sub.add_parser("discover", help=cli.SUMMARIES["discover"])
     common.add_backend_flags(parser)
     parser.add_argument("--output", "-o", choices=("table", "json", "yaml"), default="table")
     parser.set_defaults(handler=run)

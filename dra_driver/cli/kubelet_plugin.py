@@ -13,7 +13,7 @@ import argparse
 import threading
 from pathlib import Path
 
-from dra_driver import app, health_server, logs, metrics
+from dra_driver import app, cli, health_server, logs, metrics
 from dra_driver.cli import common
 from dra_driver.devices import backend
 from dra_driver.driver import checkpoint
@@ -23,9 +23,7 @@ from dra_driver.kubelet import server
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from dra_driver.cli import env_default
 
-    parser = sub.add_parser(
-        "kubelet-plugin", help="run the node agent: kubelet DRA plugin and slice publisher"
-    )
+    parser = sub.add_parser("kubelet-plugin", help=cli.SUMMARIES["kubelet-plugin"])
     parser.add_argument(
         "--node-name",
         default=env_default("NODE_NAME"),

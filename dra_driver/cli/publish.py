@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from dra_driver import logs
+from dra_driver import cli, logs
 from dra_driver.cli import common
 from dra_driver.cli import slices as slices_cli
 from dra_driver.devices import backend
@@ -28,7 +28,7 @@ from dra_driver.slices import build, publisher
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from dra_driver.cli import env_default
 
-    parser = sub.add_parser("publish", help="publish this node's ResourceSlices and keep them")
+    parser = sub.add_parser("publish", help=cli.SUMMARIES["publish"])
     slices_cli.add_identity_flags(parser)
     common.add_backend_flags(parser)
     parser.add_argument(

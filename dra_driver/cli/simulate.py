@@ -17,6 +17,7 @@ import os
 import socket
 from pathlib import Path
 
+from dra_driver import cli
 from dra_driver.allocation import simulator
 from dra_driver.cli import common
 from dra_driver.devices import backend, model, profiles
@@ -26,7 +27,7 @@ from dra_driver.slices import build as slices_build
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "simulate",
-        help="allocate a ResourceClaim on one node locally and explain failures",
+        help=cli.SUMMARIES["simulate"],
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
     parser.add_argument(

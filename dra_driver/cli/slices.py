@@ -14,6 +14,7 @@ import sys
 
 import yaml
 
+from dra_driver import cli
 from dra_driver.cli import common
 from dra_driver.devices import backend
 from dra_driver.slices import build
@@ -36,9 +37,7 @@ def add_identity_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "slices", help="print the ResourceSlices this node would publish (multi-document YAML)"
-    )
+    parser = sub.add_parser("slices", help=cli.SUMMARIES["slices"])
     add_identity_flags(parser)
     common.add_backend_flags(parser)
     parser.add_argument(

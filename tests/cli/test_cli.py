@@ -1,0 +1,57 @@
+"""The CLI entry point: every subcommand listed, and only the chosen one imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from dra_driver import cli
+
+
+def test_help_lists_every_subcommand() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    for name, summary in cli.SUMMARIES.items():
+        assert name in proc.stdout
+        assert summary.split()[0] in proc.stdout
+
+
+def test_node_agent_does_not_import_the_local_tools() -> None:
+    """The agents' memory must not carry the demo, the simulator or the in-memory API server."""
+    code = (
+        "import sys\n"
+        "from dra_driver import cli\n"
+        "cli.build_parser(['--log-level', 'info', 'kubelet-plugin', '--node-name', 'demo'])\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = set(proc.stdout.split())
+    assert "dra_driver.cli.kubelet_plugin" in loaded
+    for heavy in (
+        "dra_driver.demo",
+        "dra_driver.allocation.simulator",
+        "dra_driver.kube.memory",
+        "dra_driver.cli.demo",
+        "dra_driver.cli.device_plugin",
+    ):
+        assert heavy not in loaded, heavy
+
+
+def test_every_subcommand_parses_its_own_help() -> None:
+    for name in cli.SUMMARIES:
+        proc = subprocess.run(
+            [sys.executable, "-m", "dra_driver", name, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, (name, proc.stderr)
+        assert f"dra-driver {name}" in proc.stdout
