@@ -126,3 +126,27 @@ def test_request_with_a_logger_emits_one_event(m: metrics.DriverMetrics) -> None
     assert crashed["event"] == "claim unprepare failed" and crashed["result"] == "error"
     assert crashed["error"] == "ValueError: checkpoint unreadable"
     assert failed["error"] == "device node missing" and failed["log_level"] == "warning"
+
+
+def test_requests_reuse_the_cached_series_without_label_lookups(
+    m: metrics.DriverMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_lookup(*args: object, **kwargs: object) -> None:
+        raise AssertionError("labels() on the per-request path")
+
+    for metric in (m.requests, m.duration, m.in_flight, m.slice_publishes):
+        monkeypatch.setattr(metric, "labels", no_lookup)
+    with m.request("prepare"):
+        assert value(m, "dra_driver_requests_in_flight", operation="prepare") == 1
+    with pytest.raises(RuntimeError), m.request("unprepare"):
+        raise RuntimeError("boom")
+    m.observe_request("unprepare", result="success", seconds=0.25)
+    m.slice_publish(ok=False)
+    assert value(m, "dra_driver_requests_total", operation="prepare", result="success") == 1
+    assert value(m, "dra_driver_requests_total", operation="unprepare", result="error") == 1
+    assert value(m, "dra_driver_requests_total", operation="unprepare", result="success") == 1
+    assert value(m, "dra_driver_requests_in_flight", operation="prepare") == 0
+    assert value(m, "dra_driver_request_duration_seconds_count", operation="unprepare") == 2
+    assert value(m, "dra_driver_request_duration_seconds_sum", operation="unprepare") >= 0.25
+    assert value(m, "dra_driver_resourceslice_publish_total", result="error") == 1
+    assert value(m, "dra_driver_resourceslice_publish_total", result="success") == 0

@@ -22,6 +22,7 @@ from dra_driver import cli, health_server, logs, metrics
 from dra_driver.cli import common
 from dra_driver.deviceplugin import allocate, app, cdi, inventory, registrar
 from dra_driver.devices import backend, health
+from dra_driver.driver import inventory as preparable
 
 _log = logs.get("cli.device_plugin")
 _E = TypeVar("_E", bound=enum.StrEnum)
@@ -115,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
             registry.nvml_error("discover")
             raise
         plugin = app.DevicePluginApp(
-            config=config, devices=devices, health_source=health.HealthBoard(), readiness=readiness
+            config=config,
+            devices=devices,
+            health_source=health.HealthBoard(),
+            mig_minors=None if (args.fake or args.fake_file) else preparable.read_mig_minors(),
+            readiness=readiness,
         )
     except (
         common.UsageError,

@@ -4,7 +4,9 @@ Why separate from the servicer: the answer (CDI names, ``NVIDIA_VISIBLE_DEVICES`
 depends only on the inventory, the health snapshot and the configured strategy, so it is tested
 without gRPC. Replicas of one GPU collapse to that GPU. Every container gets
 ``NVIDIA_VISIBLE_DEVICES`` with the UUIDs; ``--device-list-strategy cdi`` adds the CDI device
-names, ``envvar`` adds the device nodes as device specs (backed by ``/dev/null`` when fake).
+names, ``envvar`` adds the device nodes as device specs (backed by ``/dev/null`` when fake),
+including a MIG device's capability nodes. A unit with a ``problem`` is refused like an
+unhealthy one.
 """
 
 from __future__ import annotations
@@ -61,9 +63,9 @@ def container_edits(
         raise inventory.RequestError("devices_ids is empty")
     devices = resource.lookup(ids, field="devices_ids")
     sick = [
-        f"{d.id} ({snapshot.reason(d.unit.health_keys)})"
+        f"{d.id} ({d.unit.problem or snapshot.reason(d.unit.health_keys)})"
         for d in devices
-        if not snapshot.is_healthy(d.unit.health_keys)
+        if d.unit.problem or not snapshot.is_healthy(d.unit.health_keys)
     ]
     if sick:
         raise UnhealthyDeviceError(f"devices_ids: unhealthy device(s) {', '.join(sick)}")

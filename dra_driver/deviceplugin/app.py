@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from dra_driver import health_server, logs
@@ -45,8 +46,10 @@ class DevicePluginApp:
         config: Config,
         devices: model.NodeDevices,
         health_source: health.HealthSource,
+        mig_minors: Mapping[str, int] | None,
         readiness: health_server.Readiness | None = None,
     ) -> None:
+        """``mig_minors``: the host's MIG capability minors, ``None`` with a fake backend."""
         self.config = config
         self.readiness = readiness or health_server.Readiness(
             conditions=health_server.DEVICE_PLUGIN_CONDITIONS
@@ -57,9 +60,12 @@ class DevicePluginApp:
             devices,
             resource_name=config.resource_name,
             mig_strategy=config.mig_strategy,
+            mig_minors=mig_minors,
             replicas=config.replicas,
         )
         units = [d.unit for r in self.resources for d in r.devices]
+        for unit in {u.uuid: u for u in units if u.problem}.values():
+            _log.warning("device cannot be allocated", device=unit.uuid, problem=unit.problem)
         self.spec = cdi.StaticSpec(
             root=config.cdi_root,
             kind=config.cdi_kind,

@@ -8,8 +8,10 @@ with a spec the NVIDIA Container Toolkit generated under ``nvidia.com/gpu``.
 
 With a fake backend there are no ``/dev/nvidia*`` nodes; like the DRA path, every node is then
 backed by a harmless host node (``/dev/null``) through ``hostPath``, so fake clusters still run
-pods. Version selection and the final validity check are the DRA path's
-(:func:`dra_driver.driver.cdi.minimum_version`, :func:`dra_driver.driver.cdi.check`).
+pods. A unit with a ``problem`` (MIG capability minors missing) is left out of the spec, so it
+can never be injected without its capability nodes. Version selection and the final validity
+check are the DRA path's (:func:`dra_driver.driver.cdi.minimum_version`,
+:func:`dra_driver.driver.cdi.check`).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def qualified_name(kind: str, unit: inventory.Unit) -> str:
 
 
 def device_nodes(unit: inventory.Unit) -> tuple[str, ...]:
-    """The per-device nodes of a unit (a MIG device uses its parent's node)."""
-    return (f"/dev/nvidia{unit.minor}",)
+    """The per-device nodes of a unit: a MIG device uses its parent's node plus its GPU and
+    compute instance capability nodes (``/dev/nvidia-caps/nvidia-cap<N>``)."""
+    return unit.device_nodes
 
 
 def host_path(path: str, fake_node: str | None) -> str:
@@ -77,9 +80,11 @@ def unit_env(unit: inventory.Unit) -> str:
 def build_spec(
     units: Iterable[inventory.Unit], *, kind: str, fake_node: str | None
 ) -> dict[str, Any]:
-    """The spec document; devices sorted by name so the file is stable across restarts."""
+    """The spec document; devices sorted by name so the file is stable across restarts.
+
+    Units with a ``problem`` are left out (Allocate rejects them, naming the problem)."""
     check_kind(kind)
-    unique = {u.uuid: u for u in units}
+    unique = {u.uuid: u for u in units if not u.problem}
     devices = [
         {
             "name": name,
@@ -112,14 +117,15 @@ def spec_path(root: Path, kind: str) -> Path:
 class StaticSpec:
     """Keeps the spec file present and current; safe to call from many gRPC threads.
 
-    A node without devices gets no spec (CDI forbids an empty one); nothing can name it anyway.
+    A node without usable devices gets no spec (CDI forbids an empty one); nothing can name it.
     """
 
     def __init__(
         self, *, root: Path, kind: str, units: Sequence[inventory.Unit], fake_node: str | None
     ) -> None:
         self.path = spec_path(root, kind)
-        self.spec = build_spec(units, kind=kind, fake_node=fake_node) if units else None
+        usable = [u for u in units if not u.problem]
+        self.spec = build_spec(usable, kind=kind, fake_node=fake_node) if usable else None
         self._lock = threading.Lock()
 
     def ensure(self) -> bool:

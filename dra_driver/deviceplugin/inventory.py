@@ -5,15 +5,20 @@ one place that turns the device model into those IDs: whole GPUs or MIG devices 
 strategy), each optionally shared as ``--replicas N`` time-slicing replicas. Everything later
 (preferred allocation, Allocate, health) looks devices up here, so an unknown ID is reported the
 same way everywhere. Pure data, no gRPC.
+
+The device nodes a unit needs (for a MIG device also its GPU/compute instance capability nodes
+under ``/dev/nvidia-caps``) come from the DRA path's :mod:`dra_driver.driver.inventory`, so both
+modes agree on them; a MIG device whose capability minors are missing keeps a ``problem``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from dra_driver.devices import model
+from dra_driver.driver import inventory as preparable
 from dra_driver.kube import names
 
 REPLICA_SEPARATOR = "::"
@@ -45,9 +50,12 @@ class Unit:
     gpu_index: int  # the physical GPU (the parent for a MIG device)
     minor: int  # the physical GPU's /dev/nvidia<minor>
     numa_node: int | None
+    # Container paths of the unit's own nodes: /dev/nvidia<minor> (+ MIG capability nodes).
+    device_nodes: tuple[str, ...]
     mig: model.MigDevice | None = None
     # Health keys whose failure makes this unit unhealthy: its own UUID, plus the parent's.
     health_keys: tuple[str, ...] = ()
+    problem: str = ""  # non-empty: the unit cannot be given to a container (why)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,9 +95,18 @@ class Resource:
 
 
 def build(
-    devices: model.NodeDevices, *, resource_name: str, mig_strategy: MigStrategy, replicas: int = 1
+    devices: model.NodeDevices,
+    *,
+    resource_name: str,
+    mig_strategy: MigStrategy,
+    mig_minors: Mapping[str, int] | None,
+    replicas: int = 1,
 ) -> tuple[Resource, ...]:
-    """All resources this node offers; the first is always ``resource_name`` (maybe empty)."""
+    """All resources this node offers; the first is always ``resource_name`` (maybe empty).
+
+    ``mig_minors``: the host's :func:`dra_driver.driver.inventory.read_mig_minors` table, or
+    ``None`` with a fake backend (made-up stable capability minors).
+    """
     if not names.is_extended_resource_name(resource_name):
         raise InventoryError(
             f"resource name {resource_name!r} is not a valid extended resource name "
@@ -97,20 +114,21 @@ def build(
         )
     if not 1 <= replicas <= MAX_REPLICAS:
         raise InventoryError(f"--replicas must be between 1 and {MAX_REPLICAS}, got {replicas}")
+    nodes = preparable.build(devices, mig_minors=mig_minors)
     grouped: dict[str, list[Unit]] = {resource_name: []}
     mig_gpus = [g for g in devices.gpus if g.mig_enabled]
     if mig_strategy is MigStrategy.NONE or (mig_strategy is MigStrategy.SINGLE and not mig_gpus):
-        grouped[resource_name] = [_whole(g) for g in devices.gpus]
+        grouped[resource_name] = [_whole(g, nodes) for g in devices.gpus]
     elif mig_strategy is MigStrategy.SINGLE:
         _check_single(devices.gpus)
-        grouped[resource_name] = [_mig(g, m) for g in mig_gpus for m in _ordered(g)]
+        grouped[resource_name] = [_mig(g, m, nodes) for g in mig_gpus for m in _ordered(g)]
     else:
         vendor = resource_name.split("/", 1)[0]
-        grouped[resource_name] = [_whole(g) for g in devices.gpus if not g.mig_enabled]
+        grouped[resource_name] = [_whole(g, nodes) for g in devices.gpus if not g.mig_enabled]
         for gpu in mig_gpus:
             for mig in _ordered(gpu):
                 grouped.setdefault(mig_resource_name(vendor, mig.profile), []).append(
-                    _mig(gpu, mig)
+                    _mig(gpu, mig, nodes)
                 )
     return tuple(
         Resource(name=name, devices=tuple(_replicate(units, replicas)))
@@ -143,24 +161,30 @@ def _ordered(gpu: model.Gpu) -> list[model.MigDevice]:
     return sorted(gpu.mig_devices, key=lambda m: m.placement_start)
 
 
-def _whole(gpu: model.Gpu) -> Unit:
+def _whole(gpu: model.Gpu, nodes: preparable.Inventory) -> Unit:
+    prepared = nodes.devices[gpu.name]
     return Unit(
         uuid=gpu.uuid,
         gpu_index=gpu.index,
         minor=gpu.minor,
         numa_node=gpu.numa_node,
+        device_nodes=prepared.device_nodes,
         health_keys=(gpu.uuid,),
+        problem=prepared.problem,
     )
 
 
-def _mig(gpu: model.Gpu, mig: model.MigDevice) -> Unit:
+def _mig(gpu: model.Gpu, mig: model.MigDevice, nodes: preparable.Inventory) -> Unit:
+    prepared = nodes.devices[model.mig_device_name(gpu, mig)]
     return Unit(
         uuid=mig.uuid,
         gpu_index=gpu.index,
         minor=gpu.minor,
         numa_node=gpu.numa_node,
+        device_nodes=prepared.device_nodes,
         mig=mig,
         health_keys=(mig.uuid, gpu.uuid),
+        problem=prepared.problem and f"MIG device {mig.uuid}: {prepared.problem}",
     )
 
 

@@ -65,7 +65,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         return out
 
     def _view(self, snapshot: health.Snapshot) -> HealthView:
-        return tuple(snapshot.is_healthy(d.unit.health_keys) for d in self.resource.devices)
+        return tuple(_healthy(snapshot, d) for d in self.resource.devices)
 
     # --- gRPC methods -------------------------------------------------------------------------
 
@@ -179,5 +179,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         context.abort(code, message)
 
 
+def _healthy(snapshot: health.Snapshot, dev: inventory.PluginDevice) -> bool:
+    """A unit that cannot be given out (``problem``) is always listed unhealthy."""
+    return not dev.unit.problem and snapshot.is_healthy(dev.unit.health_keys)
+
+
 def _health(snapshot: health.Snapshot, dev: inventory.PluginDevice) -> str:
-    return health.HEALTHY if snapshot.is_healthy(dev.unit.health_keys) else health.UNHEALTHY
+    return health.HEALTHY if _healthy(snapshot, dev) else health.UNHEALTHY

@@ -71,7 +71,11 @@ StartPlugin = Callable[..., Running]
 def start_plugin(kubelet: FakeKubelet, plugin_dir: Path, cdi_root: Path) -> Iterator[StartPlugin]:
     started: list[Running] = []
 
-    def start(profile: str | model.NodeDevices = "h100-nvl-pairs", **overrides: Any) -> Running:
+    def start(
+        profile: str | model.NodeDevices = "h100-nvl-pairs",
+        mig_minors: dict[str, int] | None = None,
+        **overrides: Any,
+    ) -> Running:
         devices = (
             fake.FakeBackend.from_name(profile).discover() if isinstance(profile, str) else profile
         )
@@ -79,7 +83,10 @@ def start_plugin(kubelet: FakeKubelet, plugin_dir: Path, cdi_root: Path) -> Iter
         settings.update(overrides)
         board = health.HealthBoard()
         plugin = app.DevicePluginApp(
-            config=app.Config(**settings), devices=devices, health_source=board
+            config=app.Config(**settings),
+            devices=devices,
+            health_source=board,
+            mig_minors=mig_minors,
         )
         plugin.start()
         running = Running(plugin, board, devices, kubelet, [])

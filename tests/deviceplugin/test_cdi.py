@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,15 +13,35 @@ import referencing
 import referencing.jsonschema
 
 from dra_driver.deviceplugin import cdi, inventory
-from dra_driver.devices import fake
+from dra_driver.devices import fake, model
+from dra_driver.driver import inventory as preparable
+
+# The kernel's table for the a100-mig profile (gpu0: GIs 1-4, gpu1: GI 1; CI 0 each).
+A100_MIG_MINORS = preparable.parse_mig_minors(
+    """
+gpu0/gi1/access 12
+gpu0/gi1/ci0/access 13
+gpu0/gi2/access 21
+gpu0/gi2/ci0/access 22
+gpu0/gi3/access 30
+gpu0/gi3/ci0/access 31
+gpu0/gi4/access 39
+gpu0/gi4/ci0/access 40
+gpu1/gi1/access 147
+gpu1/gi1/ci0/access 148
+"""
+)
 
 
 def units(
     name: str,
     mig: inventory.MigStrategy = inventory.MigStrategy.NONE,
+    mig_minors: Mapping[str, int] | None = None,
 ) -> list[inventory.Unit]:
     devs = fake.FakeBackend.from_name(name).discover()
-    resources = inventory.build(devs, resource_name="nvidia.com/gpu", mig_strategy=mig)
+    resources = inventory.build(
+        devs, resource_name="nvidia.com/gpu", mig_strategy=mig, mig_minors=mig_minors
+    )
     return [d.unit for r in resources for d in r.devices]
 
 
@@ -64,14 +85,54 @@ def test_fake_spec_backs_every_node_with_dev_null(reference_dir: Path) -> None:
     assert per_device == {u.uuid: f"/dev/nvidia{u.minor}" for u in us}
 
 
-def test_mig_devices_get_their_own_names_and_the_parent_node(reference_dir: Path) -> None:
-    us = units("a100-mig", inventory.MigStrategy.MIXED)
+def test_mig_devices_get_their_own_names_the_parent_node_and_caps(reference_dir: Path) -> None:
+    us = units("a100-mig", inventory.MigStrategy.MIXED, A100_MIG_MINORS)
     spec = cdi.build_spec(us, kind=cdi.DEFAULT_KIND, fake_node=None)
     validate(reference_dir, spec)
+    assert len(spec["devices"]) == 5
     mig = next(u for u in us if u.mig is not None and u.mig.placement_start == 4)
     edits = next(d["containerEdits"] for d in spec["devices"] if d["name"] == mig.uuid)
-    assert edits["deviceNodes"] == [{"path": "/dev/nvidia0"}]
+    assert edits["deviceNodes"] == [
+        {"path": "/dev/nvidia0"},
+        {"path": "/dev/nvidia-caps/nvidia-cap39"},  # gpu0/gi4/access
+        {"path": "/dev/nvidia-caps/nvidia-cap40"},  # gpu0/gi4/ci0/access
+    ]
     assert edits["env"] == [f"GPU_DEVICE_0_MIG_4={mig.uuid}"]
+
+
+def test_fake_mig_caps_are_the_dra_paths_nodes_backed_by_dev_null(
+    reference_dir: Path, tmp_path: Path
+) -> None:
+    devs = fake.FakeBackend.from_name("a100-mig").discover()
+    dra = preparable.build(devs, mig_minors=None)
+    us = units("a100-mig", inventory.MigStrategy.MIXED)
+    static = cdi.StaticSpec(root=tmp_path, kind=cdi.DEFAULT_KIND, units=us, fake_node="/dev/null")
+    assert static.ensure()
+    spec = json.loads(static.path.read_text())
+    validate(reference_dir, spec)
+    by_name = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
+    for gpu in devs.gpus:
+        for mig in gpu.mig_devices:
+            want = dra.devices[model.mig_device_name(gpu, mig)].device_nodes
+            assert len(want) == 3 and want[1].startswith("/dev/nvidia-caps/nvidia-cap")
+            assert by_name[mig.uuid] == [{"path": p, "hostPath": "/dev/null"} for p in want]
+
+
+def test_mig_device_without_caps_minors_is_left_out_of_the_spec(reference_dir: Path) -> None:
+    minors = {k: v for k, v in A100_MIG_MINORS.items() if not k.startswith("gpu0/gi2/")}
+    us = units("a100-mig", inventory.MigStrategy.MIXED, minors)
+    [bad] = [u for u in us if u.problem]
+    assert bad.mig is not None and bad.mig.gpu_instance_id == 2
+    assert f"MIG device {bad.uuid}: no capability minor for gpu0/gi2/access" in bad.problem
+    spec = cdi.build_spec(us, kind=cdi.DEFAULT_KIND, fake_node=None)
+    validate(reference_dir, spec)
+    assert sorted(d["name"] for d in spec["devices"]) == sorted(u.uuid for u in us if u is not bad)
+    assert (
+        cdi.StaticSpec(
+            root=Path("/nonexistent"), kind=cdi.DEFAULT_KIND, units=[bad], fake_node=None
+        ).spec
+        is None
+    )
 
 
 @pytest.mark.parametrize("kind", ["nvidia.com", "nvidia.com/gpu.x", "-x/gpu", "a/b/c", "/gpu"])

@@ -40,7 +40,11 @@ def single_profile_devices() -> model.NodeDevices:
 
 
 def build(devs: model.NodeDevices, **kw: object) -> dict[str, inventory.Resource]:
-    args: dict[str, object] = {"resource_name": "nvidia.com/gpu", "mig_strategy": MigStrategy.NONE}
+    args: dict[str, object] = {
+        "resource_name": "nvidia.com/gpu",
+        "mig_strategy": MigStrategy.NONE,
+        "mig_minors": None,
+    }
     args.update(kw)
     return {r.name: r for r in inventory.build(devs, **args)}  # type: ignore[arg-type]
 

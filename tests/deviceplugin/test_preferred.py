@@ -17,7 +17,11 @@ def setup(
 ) -> tuple[model.NodeDevices, inventory.Resource, topology.Topology]:
     devs = fake.FakeBackend.from_name(name).discover()
     [res] = inventory.build(
-        devs, resource_name="nvidia.com/gpu", mig_strategy=MigStrategy.NONE, replicas=replicas
+        devs,
+        resource_name="nvidia.com/gpu",
+        mig_strategy=MigStrategy.NONE,
+        mig_minors=None,
+        replicas=replicas,
     )
     return devs, res, topology.build(devs)
 

@@ -78,6 +78,7 @@ def test_refused_registration_stops_the_plugin_with_the_reason(plugin_dir: Path)
             ),
             devices=devices,
             health_source=health.HealthBoard(),
+            mig_minors=None,
         )
         result: list[registrar.RegistrationError | None] = []
         stop = threading.Event()
@@ -115,4 +116,5 @@ def test_socket_path_too_long_is_refused_with_a_clear_error(tmp_path: Path) -> N
             config=app.Config(plugin_dir=deep, cdi_root=tmp_path),
             devices=devices,
             health_source=health.HealthBoard(),
+            mig_minors=None,
         )

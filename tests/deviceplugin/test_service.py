@@ -10,12 +10,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dra_driver.deviceplugin import allocate, cdi
+from dra_driver.deviceplugin import allocate, cdi, inventory
 from dra_driver.devices import topology
+from dra_driver.driver import inventory as preparable
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 
 from .conftest import StartPlugin, Stream
+from .test_cdi import A100_MIG_MINORS, validate
 from .testkubelet import FakeKubelet
 
 OpenStream = Callable[[pb_grpc.DevicePluginStub], Stream]
@@ -204,3 +206,64 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(
     # Still serving, and good requests still succeed.
     assert len(allocate_ids(stub, [u[0]]).container_responses) == 1
     assert len(preferred(stub, u, 2)) == 2
+
+
+MIG_1G = "MIG-841614ff-b48b-50de-987d-0b7cb0c9f264"  # a100-mig: gpu0, GI 2, CI 0, 1g.5gb
+MIG_1G_CAPS = ("/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22")
+
+
+@pytest.mark.parametrize("fake_node", [None, "/dev/null"])
+def test_envvar_allocate_of_a_mig_device_passes_its_caps_nodes(
+    start_plugin: StartPlugin, fake_node: str | None
+) -> None:
+    running = start_plugin(
+        "a100-mig",
+        # Real mode reads the kernel's table; fake mode makes minors up (the DRA path's rule).
+        mig_minors=None if fake_node else A100_MIG_MINORS,
+        mig_strategy=inventory.MigStrategy.MIXED,
+        strategy=allocate.Strategy.ENVVAR,
+        fake_node=fake_node,
+    )
+    [resp] = allocate_ids(running.stub("nvidia.com/mig-1g.5gb"), [MIG_1G]).container_responses
+    assert dict(resp.envs) == {"NVIDIA_VISIBLE_DEVICES": MIG_1G}
+    paths = [(d.container_path, d.host_path) for d in resp.devices]
+    dra = preparable.build(running.devices, mig_minors=None if fake_node else A100_MIG_MINORS)
+    own = dra.devices["gpu-0-mig-1g-5gb-2"].device_nodes
+    if fake_node is None:
+        assert own == ("/dev/nvidia0", *MIG_1G_CAPS)
+    expected = (*own, *cdi.CONTROL_NODES)
+    assert paths == [(p, fake_node or p) for p in expected]
+
+
+def test_cdi_allocate_of_a_mig_device_names_a_spec_device_with_its_caps(
+    start_plugin: StartPlugin, cdi_root: Path, reference_dir: Path
+) -> None:
+    running = start_plugin(
+        "a100-mig",
+        mig_minors=A100_MIG_MINORS,
+        mig_strategy=inventory.MigStrategy.MIXED,
+        strategy=allocate.Strategy.CDI,
+    )
+    [resp] = allocate_ids(running.stub("nvidia.com/mig-1g.5gb"), [MIG_1G]).container_responses
+    assert [c.name for c in resp.cdi_devices] == [f"{cdi.DEFAULT_KIND}={MIG_1G}"]
+    spec = json.loads((cdi_root / "k8s.device-plugin.nvidia.com-gpu.json").read_text())
+    validate(reference_dir, spec)
+    [edits] = [d["containerEdits"] for d in spec["devices"] if d["name"] == MIG_1G]
+    assert edits["deviceNodes"] == [{"path": p} for p in ("/dev/nvidia0", *MIG_1G_CAPS)]
+
+
+def test_mig_device_without_caps_minors_is_unhealthy_and_refused(
+    start_plugin: StartPlugin, open_stream: OpenStream
+) -> None:
+    minors = {k: v for k, v in A100_MIG_MINORS.items() if not k.startswith("gpu0/gi2/")}
+    running = start_plugin("a100-mig", mig_minors=minors, mig_strategy=inventory.MigStrategy.MIXED)
+    stub = running.stub("nvidia.com/mig-1g.5gb")
+    listed = {d.ID: d.health for d in open_stream(stub).next().devices}
+    assert listed == {MIG_1G: "Unhealthy", "MIG-fc559fab-019b-5d5a-bf07-2550fa068ee0": "Healthy"}
+    with pytest.raises(grpc.RpcError) as err:
+        allocate_ids(stub, [MIG_1G])
+    assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "no capability minor for gpu0/gi2/access" in str(err.value.details())
+    # The other MIG device of the same profile is still given out.
+    [resp] = allocate_ids(stub, ["MIG-fc559fab-019b-5d5a-bf07-2550fa068ee0"]).container_responses
+    assert len(resp.cdi_devices) == 1
