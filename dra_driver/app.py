@@ -36,8 +36,6 @@ from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.slices import build, publisher
 
-FAKE_DEVICE_NODE = "/dev/null"
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PluginSettings:
@@ -136,7 +134,7 @@ def build_driver(
         root=settings.cdi_root,
         driver_name=settings.driver_name,
         host=cdi.HostDevices(
-            fake_node=FAKE_DEVICE_NODE if settings.fake else None, dev_root=settings.dev_root
+            fake_node=cdi.FAKE_DEVICE_NODE if settings.fake else None, dev_root=settings.dev_root
         ),
         driver_files=files,
     )

@@ -29,7 +29,7 @@ from dra_driver.driver import cdi as dra_cdi
 
 DEFAULT_KIND = "k8s.device-plugin.nvidia.com/gpu"
 CONTROL_NODES = dra_cdi.CONTROL_NODES
-FAKE_NODE = "/dev/null"  # what backs every device node with a fake backend
+FAKE_NODE = dra_cdi.FAKE_DEVICE_NODE  # what backs every device node with a fake backend
 
 _VENDOR = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_-]*[A-Za-z0-9])?$")  # no dots: kubelet's stricter rule

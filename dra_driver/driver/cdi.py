@@ -24,6 +24,9 @@ from typing import Any
 from dra_driver.driver import atomicfile, claims, config, driverfiles, inventory
 
 CLASS = "claim"
+# With a fake GPU backend every device node is backed by this harmless host node, so the specs
+# stay consumable by a real runtime (the demo, CPU-only kind clusters).
+FAKE_DEVICE_NODE = "/dev/null"
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 # §7.4 of contracts.md: vendor and class (no dots in class, to suit kubelet's stricter copy).
