@@ -87,7 +87,8 @@ def claim(name: str, device: str) -> dict[str, Any]:
 def serve_api(claims_file: Path, kubeconfig: Path, delay_ms: float) -> int:
     """Subprocess mode: the in-memory API with our claims behind a loopback HTTP server; every
     claim GET answers ``delay_ms`` late, like a real API server across a network."""
-    from dra_driver.kube import api, fakeserver, memory
+    from dra_driver.fakeapi import fakeserver, memory
+    from dra_driver.kube import api
 
     server = fakeserver.FakeApiServer(memory.InMemoryApi(use_default_cel=False))
     for obj in json.loads(claims_file.read_text()):

@@ -33,8 +33,8 @@ from dra_driver.allocation import allocator, pools, simulator
 from dra_driver.cli import discover
 from dra_driver.devices import fake, topology
 from dra_driver.driver import claims
+from dra_driver.fakeapi import fakeserver, memory
 from dra_driver.kube import api as kube
-from dra_driver.kube import fakeserver, memory
 from dra_driver.kubelet import sim
 
 DEFAULT_PROFILE = "dgx-h100"

@@ -30,8 +30,8 @@ from typing import Any
 from cel_expr_python import cel
 
 from dra_driver.allocation import cel_env
-from dra_driver.allocation import quantity as qty
-from dra_driver.allocation import semver as sv
+from dra_driver.apimachinery import quantity as qty
+from dra_driver.apimachinery import semver as sv
 
 # Upper bound on one selector's length in the resource.k8s.io API.
 MAX_EXPRESSION_BYTES = 10 * 1024

@@ -26,8 +26,8 @@ from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_math, ext_optional, ext_strings
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, struct_pb2
 
-from dra_driver.allocation import quantity as qty
-from dra_driver.allocation import semver as sv
+from dra_driver.apimachinery import quantity as qty
+from dra_driver.apimachinery import semver as sv
 
 PACKAGE = "kubernetes"
 DEVICE_TYPE = f"{PACKAGE}.DRADevice"

@@ -17,9 +17,9 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 
+from dra_driver.apimachinery import names
 from dra_driver.devices import model
 from dra_driver.driver import inventory as preparable
-from dra_driver.kube import names
 
 REPLICA_SEPARATOR = "::"
 MAX_DEVICE_ID = 63  # the device plugin API's limit on Device.ID

@@ -14,7 +14,7 @@ import dataclasses
 import hashlib
 from typing import Any
 
-from dra_driver.allocation import semver
+from dra_driver.apimachinery import semver
 from dra_driver.devices import model, topology
 from dra_driver.slices import validate
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from dra_driver.allocation import quantity
+from dra_driver.apimachinery import quantity
 from dra_driver.kube import api
 
 

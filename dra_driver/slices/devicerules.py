@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.allocation import semver
-from dra_driver.kube import fielderrors, names
-from dra_driver.kube.fielderrors import FieldError
+from dra_driver.apimachinery import fielderrors, names, semver
+from dra_driver.apimachinery.fielderrors import FieldError
 
 MAX_DEVICES = 128
 MAX_DEVICES_SPECIAL = 64  # when any device uses taints, consumesCounters or list attributes

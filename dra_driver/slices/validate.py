@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.kube import fielderrors, names, schema
-from dra_driver.kube.fielderrors import FieldError
+from dra_driver.apimachinery import fielderrors, names, schema
+from dra_driver.apimachinery.fielderrors import FieldError
 from dra_driver.slices import devicerules
 
 API_VERSION = "resource.k8s.io/v1"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.kube import fakeserver
+from dra_driver.fakeapi import fakeserver
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from dra_driver import app, logs
 from dra_driver.devices import fake
 from dra_driver.driver import claims
 from dra_driver.driver import driver as driver_mod
-from dra_driver.kube import memory
+from dra_driver.fakeapi import memory
 
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"

@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dra_driver.kube import api, client, fakeserver, memory
+from dra_driver.fakeapi import fakeserver, memory
+from dra_driver.kube import api, client
 
-from .conftest import SliceFactory
+SliceFactory = Callable[..., dict[str, Any]]
 
 
 @pytest.fixture

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from dra_driver.allocation import cel
-from dra_driver.kube import api, client, fakeserver, fielderrors, memory
+from dra_driver.apimachinery import fielderrors
+from dra_driver.fakeapi import fakeserver, memory
+from dra_driver.kube import api, client
 from dra_driver.slices import validate
 
 from . import verdicts

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.kube import fakeserver, memory
+from dra_driver.fakeapi import fakeserver, memory
 
 
 @pytest.fixture

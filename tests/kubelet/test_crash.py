@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from dra_driver.driver import claims
-from dra_driver.kube import fakeserver
+from dra_driver.fakeapi import fakeserver
 from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 
 BUDGET_S = 10.0  # killing and restarting; the whole test stays near 20 s

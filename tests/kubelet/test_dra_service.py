@@ -15,7 +15,7 @@ import pytest
 from dra_driver import app, logs
 from dra_driver.devices import fake
 from dra_driver.driver import claims
-from dra_driver.kube import memory
+from dra_driver.fakeapi import memory
 from dra_driver.kubelet import server
 from dra_driver.kubelet.sim import KubeletSim
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dra_driver.driver import claims
-from dra_driver.kube import fakeserver, memory
+from dra_driver.fakeapi import fakeserver, memory
 from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 
 FILE = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "real-allocations.json"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.kube import fakeserver
+from dra_driver.fakeapi import fakeserver
 from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 
 from .test_plugin_process import put_claim

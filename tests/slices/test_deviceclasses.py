@@ -10,7 +10,7 @@ import pytest
 
 from dra_driver import deviceclasses
 from dra_driver.allocation import cel
-from dra_driver.kube import memory
+from dra_driver.fakeapi import memory
 
 from . import openapi
 from .conftest import devices_of

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from dra_driver.devices import model
-from dra_driver.kube import api, memory
+from dra_driver.fakeapi import memory
+from dra_driver.kube import api
 from dra_driver.slices import build, publisher
 
 from .conftest import Obj, devices_of

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from dra_driver.kube import api, memory
+from dra_driver.fakeapi import memory
+from dra_driver.kube import api
 
-from .conftest import SliceFactory
+SliceFactory = Callable[..., dict[str, Any]]
 
 
 def test_resource_version_is_one_global_counter(

@@ -16,8 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from dra_driver.allocation import quantity
-from dra_driver.kube import fielderrors
+from dra_driver.apimachinery import fielderrors, quantity
 
 _META = {"apiVersion": "string", "kind": "string", "metadata": "ObjectMeta"}
 

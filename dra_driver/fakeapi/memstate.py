@@ -1,6 +1,6 @@
 """State and bookkeeping of the in-memory Kubernetes API, and its cluster objects.
 
-Why it exists: :mod:`dra_driver.kube.memory` is the in-memory API server; this is its lower
+Why it exists: :mod:`dra_driver.fakeapi.memory` is the in-memory API server; this is its lower
 half — the lock, the global ``resourceVersion`` counter, the call log and injected failures,
 metadata stamping, and the objects other than ResourceSlices (ResourceClaims with the server's
 defaulting and validation, DeviceClasses, Nodes with owner-reference garbage collection,
@@ -17,7 +17,9 @@ import threading
 import uuid
 from typing import Any
 
-from dra_driver.kube import admission, api, eventlog, fielderrors, schema, serverbits
+from dra_driver.apimachinery import fielderrors, schema
+from dra_driver.fakeapi import admission, eventlog, serverbits
+from dra_driver.kube import api
 
 Obj = api.Obj
 WRITE_METHODS = frozenset(

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_driver.kube import client, fakeserver
+from dra_driver.fakeapi import fakeserver
+from dra_driver.kube import client
 
 
 def test_status_bodies_for_unknown_paths_and_methods() -> None:
@@ -42,7 +43,7 @@ def test_runs_as_a_subprocess_and_stops_on_sigterm(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "dra_driver.kube.fakeserver",
+            "dra_driver.fakeapi.fakeserver",
             "--kubeconfig",
             str(kubeconfig),
             "--node",

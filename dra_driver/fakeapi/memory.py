@@ -17,8 +17,10 @@ import copy
 import time
 from collections.abc import Iterator
 
-from dra_driver.kube import api, memstate, schema, serverbits
-from dra_driver.kube.memstate import WRITE_METHODS, Call
+from dra_driver.apimachinery import schema
+from dra_driver.fakeapi import memstate, serverbits
+from dra_driver.fakeapi.memstate import WRITE_METHODS, Call
+from dra_driver.kube import api
 from dra_driver.slices import validate as slice_validate
 
 Obj = api.Obj

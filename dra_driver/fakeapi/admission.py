@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dra_driver.allocation import cel as cel_module
-from dra_driver.kube import fielderrors, names, schema
-from dra_driver.kube.fielderrors import FieldError
+from dra_driver.apimachinery import fielderrors, names, schema
+from dra_driver.apimachinery.fielderrors import FieldError
 from dra_driver.slices import validate as slice_validate
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"

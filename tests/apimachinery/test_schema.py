@@ -4,14 +4,14 @@ document field for field, so an unknown field is refused exactly where the serve
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dra_driver.kube import schema
+from dra_driver.apimachinery import schema
 
-from .verdicts import REFERENCE
-
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
 OPENAPI = REFERENCE / "apis__resource.k8s.io__v1_openapi.json"
 PREFIXES = (
     "io.k8s.api.resource.v1.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.allocation.quantity import (
+from dra_driver.apimachinery.quantity import (
     NANO_PER_UNIT,
     Format,
     Quantity,

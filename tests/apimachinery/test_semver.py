@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from dra_driver.allocation.semver import Semver, SemverError, is_semver, parse_semver
+from dra_driver.apimachinery.semver import Semver, SemverError, is_semver, parse_semver
 
 
 def test_parse_fields() -> None:

@@ -3,9 +3,9 @@
 Why it exists: the real client adapter (:mod:`dra_driver.kube.client`) must be tested over real
 HTTP — URL building, field selectors, chunked watch streams, Status bodies, preconditions in
 DELETE bodies, connection errors — and no kube-apiserver can run here. This server speaks
-exactly the paths the driver uses, backed by :class:`~dra_driver.kube.memory.InMemoryApi`, on
+exactly the paths the driver uses, backed by :class:`~dra_driver.fakeapi.memory.InMemoryApi`, on
 127.0.0.1 with an ephemeral port; tests start it in-process or as a subprocess
-(``python -m dra_driver.kube.fakeserver``) and point a kubeconfig at it.
+(``python -m dra_driver.fakeapi.fakeserver``) and point a kubeconfig at it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from dra_driver.kube import api, memory
+from dra_driver.fakeapi import memory
+from dra_driver.kube import api
 
 _GROUP = "/apis/resource.k8s.io/v1"
 _ROUTES: list[tuple[str, re.Pattern[str]]] = [
@@ -311,7 +312,7 @@ def write_kubeconfig(path: Path, server_url: str, *, token: str | None = None) -
 
 def main(argv: list[str] | None = None) -> int:
     """Run a fake API server until SIGTERM/SIGINT; write a kubeconfig for it."""
-    parser = argparse.ArgumentParser(prog="python -m dra_driver.kube.fakeserver")
+    parser = argparse.ArgumentParser(prog="python -m dra_driver.fakeapi.fakeserver")
     parser.add_argument("--kubeconfig", type=Path, required=True, help="kubeconfig to write")
     parser.add_argument("--node", action="append", default=[], help="Node object to create")
     parser.add_argument("--token", default=None, help="require this bearer token")
