@@ -9,16 +9,27 @@ unless one of them has admin access or both hold shares of a multi-allocatable d
 Order of effects (crash-safety argument):
 prepare:   checkpoint PrepareStarted (carries the sharing intent) → apply GPU sharing
            (:mod:`~dra_driver.driver.sharing`) → write CDI spec → checkpoint PrepareCompleted
-unprepare: restore GPU sharing defaults → delete checkpoint record → remove CDI spec
-start-up:  sharing of completed records re-applied, of PrepareStarted ones restored;
-           PrepareStarted → spec removed, record deleted (rolled back); a completed record
-           whose spec is missing → spec rewritten from it; a spec of ours with no record → removed.
+unprepare: restore GPU sharing defaults → remove CDI spec → delete checkpoint record
+start-up:  sharing of completed records re-applied, of PrepareStarted ones restored (and, when a
+           claim file was unreadable, every GPU no readable record holds is put back to its
+           defaults); PrepareStarted → spec removed, record deleted (rolled back); a completed
+           record whose spec is missing → spec rewritten from it; a spec of ours with no record
+           → removed.
+
+The record goes last on unprepare, so a spec never outlives its record: when the spec cannot be
+removed (a read-only or full CDI directory) the claim stays prepared and the kubelet's retry of
+the unprepare tries again. A failed prepare is rolled back step by step, each step tried even
+when an earlier one failed; the device ownership is always released, and the error the claim
+gets is the original cause (with what the rollback could not undo after it). File system errors
+(ENOSPC, EROFS, EACCES, ...) are expected conditions: per-claim errors naming the file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import os
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -31,6 +42,10 @@ from dra_driver.kube import api as kube
 
 class DeviceBusy(claims.ClaimError):
     """A device is already prepared for another claim."""
+
+
+class FileProblem(claims.ClaimError):
+    """A claim's file (CDI spec) cannot be written or removed; names the claim and the file."""
 
 
 class ClaimLocks:
@@ -55,6 +70,11 @@ class ClaimLocks:
                     del self._locks[uid]
                 else:
                     self._locks[uid] = (lock, users - 1)
+
+    def busy(self, uid: str) -> bool:
+        """Whether a thread holds or waits for ``uid``'s lock now."""
+        with self._guard:
+            return uid in self._locks
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,6 +107,11 @@ class Ownership:
                 uses = self._uses.setdefault((dev.pool, dev.device), [])
                 uses[:] = [u for u in uses if u.uid != ref.uid]
                 uses.append(_Use(ref.uid, dev.admin_access, dev.share_id))
+
+    def holders(self) -> set[str]:
+        """UIDs of the claims holding any device."""
+        with self._guard:
+            return {u.uid for uses in self._uses.values() for u in uses}
 
     def release(self, uid: str) -> None:
         with self._guard:
@@ -138,7 +163,7 @@ class ClaimState:
                 "node rebooted since these claims were prepared; forgot them",
                 claims=report.other_boot,
             )
-        self._recover_sharing(report.records)
+        self._recover_sharing(report.records, unreadable=bool(report.unreadable))
         for record in report.records:
             clog = logs.claim_logger(
                 self.log, uid=record.uid, namespace=record.namespace, name=record.name
@@ -161,7 +186,10 @@ class ClaimState:
                 self.specs.remove(uid)
                 self.log.info("removed a CDI spec of ours without a prepared claim", claim_uid=uid)
 
-    def _recover_sharing(self, records: list[checkpoint.ClaimRecord]) -> None:
+    def _recover_sharing(self, records: list[checkpoint.ClaimRecord], *, unreadable: bool) -> None:
+        """Re-apply what prepared claims hold, release what interrupted ones took; after an
+        unreadable claim file (whose GPUs we cannot know) also restore every full GPU that no
+        readable record holds, so none stays time-sliced for the next exclusive claim."""
         by_state: dict[str, dict[str, tuple[sharing.Target, ...]]] = {}
         for record in records:
             wanted = sharing.recorded_targets(record, self.devices)
@@ -170,6 +198,7 @@ class ClaimState:
         self.sharing.recover(
             held=by_state.get(checkpoint.PREPARE_COMPLETED, {}),
             interrupted=by_state.get(checkpoint.PREPARE_STARTED, {}),
+            restore=sharing.full_gpus(self.devices) if unreadable else (),
         )
 
     # ---- prepare / unprepare -------------------------------------------------------------------
@@ -185,7 +214,7 @@ class ClaimState:
                 clog.debug("claim already prepared; answering from the checkpoint")
                 return record.prepared()
             if record is not None:  # a failed earlier attempt in this process
-                self._forget(ref.uid)
+                self._forget(ref)
             try:
                 claim = self.api.get_resource_claim(ref.namespace, ref.name)
             except kube.NotFound:
@@ -205,10 +234,15 @@ class ClaimState:
                 record = self._record(ref, allocated, planned, spec)
                 self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
                 self.sharing.apply(ref, wanted)
-                self.specs.write(ref.uid, spec)
+                self._write_spec(ref, spec)
                 self.store.put(record)
-            except BaseException:
-                self._forget(ref.uid, strict=False)
+            except BaseException as exc:
+                problems = self._rollback(ref)
+                if problems and isinstance(exc, claims.ClaimError | checkpoint.CheckpointError):
+                    cause = str(exc) if isinstance(exc, claims.ClaimError) else f"{ref}: {exc}"
+                    raise RollbackIncomplete(
+                        f"{cause}; rolling back left: {'; '.join(problems)}"
+                    ) from exc
                 raise
             # Debug: the driver loop logs one info event per request (result, devices, time).
             clog.debug(
@@ -224,26 +258,80 @@ class ClaimState:
         clog = logs.claim_logger(self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name)
         with self.locks.hold(ref.uid):
             known = self.store.get(ref.uid) is not None
-            self._forget(ref.uid)
+            self._forget(ref)
             clog.debug("unprepared claim" if known else "unprepare of a claim not prepared here")
 
     def prepared_claims(self) -> list[claims.ClaimRef]:
         return [_ref(r) for r in self.store.records()]
 
-    def _forget(self, uid: str, *, strict: bool = True) -> None:
-        """Drop a claim: GPU sharing restored first (a failure raises when ``strict``, keeping
-        the record so a retry or the next start-up restores it), then record, spec, ownership."""
-        record = self.store.get(uid)
+    def release_orphans(self) -> list[str]:
+        """Release device ownership held by claims with no record and no operation in
+        progress (what a rollback that could not finish leaves); returns their UIDs."""
+        released = []
+        for uid in self.ownership.holders():
+            if self.locks.busy(uid) or self.store.get(uid) is not None:
+                continue
+            with self.locks.hold(uid):
+                if self.store.get(uid) is None:
+                    self.ownership.release(uid)
+                    released.append(uid)
+        return released
+
+    def _forget(self, ref: claims.ClaimRef) -> None:
+        """Drop a prepared claim: GPU sharing restored, CDI spec removed, then the record (a
+        failure raises and keeps the record, so the kubelet's retry or the next start-up
+        finishes the job), then the device ownership."""
+        record = self.store.get(ref.uid)
+        if record is not None:
+            self.sharing.release(_ref(record), sharing.recorded_targets(record, self.devices))
+        self._remove_spec(ref)
+        self.store.delete(ref.uid)
+        self.ownership.release(ref.uid)
+
+    def _rollback(self, ref: claims.ClaimRef) -> list[str]:
+        """Undo a failed prepare as far as possible: every step is tried, ownership is always
+        released; returns what could not be undone."""
+        problems: list[str] = []
+        record = self.store.get(ref.uid)
         if record is not None:
             try:
                 self.sharing.release(_ref(record), sharing.recorded_targets(record, self.devices))
             except sharing.SharingError as exc:
-                if strict:
-                    raise
-                self.log.error("GPU sharing not restored", claim_uid=uid, error=str(exc))
-        self.store.delete(uid)
-        self.specs.remove(uid)
-        self.ownership.release(uid)
+                problems.append(str(exc))
+        try:
+            self._remove_spec(ref)
+        except FileProblem as exc:
+            problems.append(str(exc))
+        try:
+            self.store.delete(ref.uid)
+        except checkpoint.CheckpointError as exc:
+            if os.path.lexists(self.store.path(ref.uid)):
+                problems.append(str(exc))
+        self.ownership.release(ref.uid)
+        if problems:
+            self.log.error(
+                "rolling back a failed preparation left work for a retry or the next start-up",
+                claim_uid=ref.uid,
+                claim_namespace=ref.namespace,
+                claim_name=ref.name,
+                problems=problems,
+            )
+        return problems
+
+    def _write_spec(self, ref: claims.ClaimRef, spec: dict[str, object]) -> None:
+        try:
+            self.specs.write(ref.uid, spec)
+        except OSError as exc:
+            raise _file_problem(ref, "write", self.specs.spec_path(ref.uid), exc) from None
+
+    def _remove_spec(self, ref: claims.ClaimRef) -> None:
+        try:
+            self.specs.remove(ref.uid)
+        except OSError as exc:
+            path = self.specs.spec_path(ref.uid)
+            if not os.path.lexists(path):  # nothing to remove (e.g. EROFS for a missing name)
+                return
+            raise _file_problem(ref, "remove", path, exc) from None
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -295,11 +383,32 @@ class ClaimState:
         )
 
 
+class RollbackIncomplete(claims.ClaimError):
+    """A prepare failed and its rollback could not undo everything; the message gives the
+    original cause first, then what is left."""
+
+
+def _file_problem(ref: claims.ClaimRef, action: str, path: object, exc: OSError) -> FileProblem:
+    code = errno.errorcode.get(exc.errno or 0, "")
+    reason = exc.strerror or str(exc)
+    return FileProblem(
+        f"{ref}: cannot {action} CDI spec {path}: {reason}" + (f" ({code})" if code else "")
+    )
+
+
 def _check_ref(ref: claims.ClaimRef) -> None:
     if not checkpoint.valid_uid(ref.uid):
-        raise claims.ClaimError(f"{ref}: invalid claim uid {ref.uid!r}")
+        raise claims.ClaimError(
+            f"ResourceClaim {_short(ref.namespace)}/{_short(ref.name)}: invalid claim uid "
+            f"{_short(ref.uid)!r}"
+        )
     if not ref.namespace or not ref.name:
         raise claims.ClaimError(f"{ref}: namespace and name are required")
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters for an error message (fuzzed input can be huge)."""
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
 
 
 def _ref(record: checkpoint.ClaimRecord) -> claims.ClaimRef:
