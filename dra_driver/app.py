@@ -7,6 +7,10 @@ ResourceSlice publisher and the periodic claim clean-up, and on SIGTERM shuts do
 that keeps the kubelet informed: registration socket first (the kubelet stops sending work), then
 the publisher and clean-up, then the DRA service once in-flight calls are answered.
 
+Only one instance per node publishes (:mod:`~dra_driver.slices.leader`); readiness says whether
+our slices are published: by us (``slices_published`` turns false once publishing has failed for
+longer than ``publish_grace_s``, and true with the next success) or by the other instance.
+
 With ``pod_uid`` set (seamless upgrades, contracts.md §8.2) the sockets carry the pod UID in
 their names and the claim state is shared safely with the other instance through file locks
 (:mod:`dra_driver.driver.instances`). Metrics and readiness are handed in by the CLI, which
@@ -20,7 +24,6 @@ import hashlib
 import os
 import signal
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,7 +37,7 @@ from dra_driver.driver import cdi, checkpoint, driverfiles, instances, inventory
 from dra_driver.driver import driver as driver_mod
 from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
-from dra_driver.slices import build, publisher
+from dra_driver.slices import build, leader, publisher
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,6 +60,7 @@ class PluginSettings:
     serial: bool = False
     cleanup_interval_s: float = 60.0
     publish: bool = True
+    publish_grace_s: float = 60.0  # publishing may fail this long before /readyz says 503
 
     @property
     def plugin_dir(self) -> Path:
@@ -145,17 +149,23 @@ def build_driver(
         boot_id=checkpoint.read_boot_id(settings.boot_id_file),
         log=log,
     )
+    preparable = inventory.build(devices, mig_minors=mig_minors)
     claim_state = state.ClaimState(
         api=api,
         driver_name=settings.driver_name,
         pool_name=settings.node_name,
-        devices=inventory.build(devices, mig_minors=mig_minors),
+        devices=preparable,
         specs=specs,
         store=store,
         log=log,
         gpu_sharing=sharing.GpuSharing(
             gpu_control=gpu_control or gpu_control_for(settings, devices=devices, files=files),
             log=log,
+            others=(
+                instances.SharedSharing(store=store, locks=locks, devices=preparable)
+                if locks
+                else None
+            ),
         ),
     )
     if locks is None:
@@ -197,26 +207,79 @@ def gpu_control_for(
     )
 
 
+class NodePublisher:
+    """This node's publisher, run only while this instance holds the node's publisher lock,
+    and what readiness reads from it."""
+
+    def __init__(
+        self,
+        settings: PluginSettings,
+        *,
+        devices: model.NodeDevices,
+        api: kube.KubeApi,
+        log: structlog.typing.FilteringBoundLogger,
+        metrics: metrics_mod.DriverMetrics | None = None,
+    ) -> None:
+        """Raises :class:`~dra_driver.slices.build.BuildError` when no slice can be built."""
+        self.metrics = metrics
+        self.reconciles = health_server.Grace(settings.publish_grace_s)
+        self.watches = health_server.Grace(settings.publish_grace_s, ready=True)
+        self.publisher = publisher.start_node_publisher(
+            start=False,
+            api=api,
+            devices=devices,
+            driver_name=settings.driver_name,
+            node_name=settings.node_name,
+            log=log,
+            on_pass=self._passed,
+            on_watch=lambda ok: self.watches.ok() if ok else self.watches.failed(),
+        )
+        self.lock = leader.PublisherLock(settings.plugin_dir / leader.LOCK_FILE, log=log)
+
+    def start(self) -> None:
+        self.lock.start(on_acquired=self.publisher.start)
+
+    def stop(self) -> None:
+        self.publisher.stop()
+        self.lock.release()
+
+    def published(self) -> bool:
+        """Readiness: published by us (failures within the grace period), or by the other
+        instance while we stand by."""
+        return self.lock.standby or (self.reconciles() and self.watches())
+
+    def _passed(self, outcome: publisher.Outcome | None) -> None:
+        if self.metrics is not None:
+            self.metrics.slice_publish(
+                ok=outcome is not None, slices=outcome.slices if outcome else None
+            )
+        if outcome is None:
+            self.reconciles.failed()
+        else:
+            self.reconciles.ok()
+
+
 def start_publisher(
     settings: PluginSettings,
     *,
     devices: model.NodeDevices,
     api: kube.KubeApi,
     log: structlog.typing.FilteringBoundLogger,
-    on_pass: Callable[[publisher.Outcome | None], None] | None = None,
-) -> Stoppable | None:
-    """Keep this node's ResourceSlices published (unless ``settings.publish`` is off)."""
+    metrics: metrics_mod.DriverMetrics | None = None,
+    readiness: health_server.Readiness | None = None,
+) -> NodePublisher | None:
+    """Keep this node's ResourceSlices published (unless ``settings.publish`` is off), as the
+    one publishing instance of the node; ``readiness``'s ``slices_published`` follows it."""
     if not settings.publish:
         log.info("not publishing ResourceSlices (disabled)")
         return None
-    return publisher.start_node_publisher(
-        api=api,
-        devices=devices,
-        driver_name=settings.driver_name,
-        node_name=settings.node_name,
-        log=log.bind(component="publisher"),
-        on_pass=on_pass,
+    node = NodePublisher(
+        settings, devices=devices, api=api, log=log.bind(component="publisher"), metrics=metrics
     )
+    if readiness is not None:
+        readiness.set_check("slices_published", node.published)
+    node.start()
+    return node
 
 
 def run(
@@ -262,6 +325,7 @@ def run(
             lambda s: health_service.add_services(s, streams=streams),
         ],
         log=log,
+        stream_slots=streams.slots.limit,
     )
     reg_service = registration.RegistrationService(
         driver_name=settings.driver_name,
@@ -280,11 +344,7 @@ def run(
         reg.start()
         try:
             slice_publisher = start_publisher(
-                settings,
-                devices=devices,
-                api=api,
-                log=log,
-                on_pass=lambda outcome: _published(outcome, metrics=metrics, readiness=readiness),
+                settings, devices=devices, api=api, log=log, metrics=metrics, readiness=readiness
             )
         except build.BuildError as exc:  # keep serving: prepared claims still need unprepare
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))
@@ -304,17 +364,6 @@ def run(
         driver.close()
     log.info("stopped")
     return 0
-
-
-def _published(
-    outcome: publisher.Outcome | None,
-    *,
-    metrics: metrics_mod.DriverMetrics,
-    readiness: health_server.Readiness,
-) -> None:
-    metrics.slice_publish(ok=outcome is not None, slices=outcome.slices if outcome else None)
-    if outcome is not None:
-        readiness.set("slices_published")
 
 
 def install_signal_handlers(stop: threading.Event) -> None:

@@ -12,6 +12,11 @@ driver. The JSON requests themselves (a claim GET per prepare, the publisher's w
 CPU per request; the library's own HTTP stack is kept for watches and for proxy set-ups. Every
 failure becomes the port's :class:`~dra_driver.kube.api.ApiError` family, with
 status 0 when the server could not be reached at all.
+
+A watch asks the server to end it after ``timeout_s``; a watch connection that has stayed
+silent for ``watch_silence_s`` past that is dead (a proxy or NAT that dropped it without a
+reset) and is ended with an error, so the caller re-opens it instead of waiting for TCP to
+notice.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import urllib3
 from dra_driver.kube import api, transport
 
 _GROUP = "/apis/resource.k8s.io/v1"
+WATCH_SILENCE_S = 5.0
 _AUTH = ["BearerToken"]
 
 
@@ -39,10 +45,20 @@ class ConfigError(Exception):
 class KubeClient:
     """The port over HTTP. Thread-safe: the client library's connection pool is shared."""
 
-    def __init__(self, api_client: Any, *, timeout_s: float = 10.0, lean: bool = True) -> None:
-        """``lean=False`` sends every request through the library (as with a proxy)."""
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        timeout_s: float = 10.0,
+        lean: bool = True,
+        watch_silence_s: float = WATCH_SILENCE_S,
+    ) -> None:
+        """``lean=False`` sends every request through the library (as with a proxy);
+        ``watch_silence_s``: how long past its end a watch may stay silent before its
+        connection counts as dead."""
         self._client = api_client
         self._timeout = (min(5.0, timeout_s), timeout_s)
+        self._watch_silence_s = watch_silence_s
         configuration = api_client.configuration
         self._transport = (
             transport.from_configuration(
@@ -60,6 +76,7 @@ class KubeClient:
         context: str | None = None,
         timeout_s: float = 10.0,
         lean: bool = True,
+        watch_silence_s: float = WATCH_SILENCE_S,
     ) -> KubeClient:
         """From ``kubeconfig`` (or ``$KUBECONFIG``), else the in-cluster service account."""
         path = kubeconfig or (
@@ -86,7 +103,12 @@ class KubeClient:
             total=2, connect=2, read=0, status=0, redirect=0, other=0
         )
         configuration.connection_pool_maxsize = 32  # one connection per prepare worker
-        return cls(kubernetes.client.ApiClient(configuration), timeout_s=timeout_s, lean=lean)
+        return cls(
+            kubernetes.client.ApiClient(configuration),
+            timeout_s=timeout_s,
+            lean=lean,
+            watch_silence_s=watch_silence_s,
+        )
 
     def close(self) -> None:
         if self._transport is not None:
@@ -131,13 +153,14 @@ class KubeClient:
         ]
         if resource_version:
             query.append(("resourceVersion", resource_version))
+        silence = timeout_s + self._watch_silence_s  # the longest read a live watch may take
         response = self._request(
             "GET",
             f"{_GROUP}/resourceslices",
             query=query,
-            timeout=(self._timeout[0], timeout_s + 10.0),
+            timeout=(self._timeout[0], silence),
         )
-        return self._events(response)
+        return self._events(response, silence)
 
     # ------------------------------------------------------------------ HTTP
     def _json(
@@ -225,7 +248,7 @@ class KubeClient:
             raise _error(method, path, response.status, data)
         return response
 
-    def _events(self, response: Any) -> Iterator[api.WatchEvent]:
+    def _events(self, response: Any, silence: float) -> Iterator[api.WatchEvent]:
         buffer = b""
         try:
             for chunk in response.stream(65536):
@@ -236,6 +259,10 @@ class KubeClient:
                         yield _event(line)
             if buffer.strip():
                 yield _event(buffer)
+        except urllib3.exceptions.ReadTimeoutError as exc:
+            raise api.ApiError(
+                0, f"watch of resourceslices silent for {silence:g}s: connection presumed dead"
+            ) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise api.ApiError(0, f"watch of resourceslices broke off: {exc}") from exc
         finally:
