@@ -61,6 +61,7 @@ class PluginSettings:
     cleanup_interval_s: float = 60.0
     publish: bool = True
     publish_grace_s: float = 60.0  # publishing may fail this long before /readyz says 503
+    watch_timeout_s: float = 30.0  # each watch of our slices; silence past it: connection dead
 
     @property
     def plugin_dir(self) -> Path:
@@ -233,6 +234,7 @@ class NodePublisher:
             log=log,
             on_pass=self._passed,
             on_watch=lambda ok: self.watches.ok() if ok else self.watches.failed(),
+            watch_timeout_s=settings.watch_timeout_s,
         )
         self.lock = leader.PublisherLock(settings.plugin_dir / leader.LOCK_FILE, log=log)
 

@@ -105,6 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     # Test seam, not for operators.
     parser.add_argument("--boot-id-file", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--watch-timeout", type=_seconds, default=30.0, help=argparse.SUPPRESS)
     parser.add_argument(
         "--dev-root",
         type=Path,
@@ -151,6 +152,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         cleanup_interval_s=args.cleanup_interval,
         publish=not args.no_publish,
         publish_grace_s=args.publish_grace,
+        watch_timeout_s=args.watch_timeout,
     )
 
 

@@ -13,8 +13,8 @@ unprepare: restore GPU sharing defaults → remove CDI spec → delete checkpoin
 start-up:  sharing of completed records re-applied, of PrepareStarted ones restored (and, when a
            claim file was unreadable, every GPU no readable record holds is put back to its
            defaults); PrepareStarted → spec removed, record deleted (rolled back); a completed
-           record whose spec is missing → spec rewritten from it; a spec of ours with no record
-           → removed.
+           record whose spec is missing or differs from it → spec rewritten from it; a spec of
+           ours with no record → removed.
 
 The record goes last on unprepare, so a spec never outlives its record: when the spec cannot be
 removed (a read-only or full CDI directory) the claim stays prepared and the kubelet's retry of
@@ -36,7 +36,16 @@ from collections.abc import Iterator, Sequence
 import structlog
 
 from dra_driver import logs
-from dra_driver.driver import cdi, checkpoint, claims, config, inventory, results, sharing
+from dra_driver.driver import (
+    cdi,
+    checkpoint,
+    claims,
+    config,
+    inventory,
+    recovery,
+    results,
+    sharing,
+)
 from dra_driver.kube import api as kube
 
 
@@ -152,54 +161,9 @@ class ClaimState:
     # ---- start-up ----------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Bring disk back to a consistent state after whatever ended the last run."""
-        report = self.store.load()
-        self.specs.remove_stale_temporaries()
-        for uid in report.other_boot:
-            if checkpoint.valid_uid(uid):
-                self.specs.remove(uid)
-        if report.other_boot:
-            self.log.info(
-                "node rebooted since these claims were prepared; forgot them",
-                claims=report.other_boot,
-            )
-        self._recover_sharing(report.records, unreadable=bool(report.unreadable))
-        for record in report.records:
-            clog = logs.claim_logger(
-                self.log, uid=record.uid, namespace=record.namespace, name=record.name
-            )
-            if record.state == checkpoint.PREPARE_STARTED:
-                self.specs.remove(record.uid)
-                self.store.delete(record.uid)
-                clog.warning("rolled back a preparation interrupted by a crash")
-                continue
-            try:
-                if not self.specs.spec_path(record.uid).exists():
-                    self.specs.write(record.uid, record.cdiSpec)
-                    clog.warning("restored the missing CDI spec of a prepared claim")
-                self.ownership.reserve(_ref(record), _allocated(record))
-            except (OSError, claims.ClaimError) as exc:
-                clog.error("prepared claim is inconsistent after restart", error=str(exc))
-        known = {r.uid for r in self.store.records()}
-        for uid in self.specs.claim_uids_on_disk():
-            if uid not in known:
-                self.specs.remove(uid)
-                self.log.info("removed a CDI spec of ours without a prepared claim", claim_uid=uid)
-
-    def _recover_sharing(self, records: list[checkpoint.ClaimRecord], *, unreadable: bool) -> None:
-        """Re-apply what prepared claims hold, release what interrupted ones took; after an
-        unreadable claim file (whose GPUs we cannot know) also restore every full GPU that no
-        readable record holds, so none stays time-sliced for the next exclusive claim."""
-        by_state: dict[str, dict[str, tuple[sharing.Target, ...]]] = {}
-        for record in records:
-            wanted = sharing.recorded_targets(record, self.devices)
-            if wanted:
-                by_state.setdefault(record.state, {})[record.uid] = wanted
-        self.sharing.recover(
-            held=by_state.get(checkpoint.PREPARE_COMPLETED, {}),
-            interrupted=by_state.get(checkpoint.PREPARE_STARTED, {}),
-            restore=sharing.full_gpus(self.devices) if unreadable else (),
-        )
+        """Bring disk back to a consistent state after whatever ended the last run
+        (:func:`~dra_driver.driver.recovery.recover`)."""
+        recovery.recover(self)
 
     # ---- prepare / unprepare -------------------------------------------------------------------
 
@@ -411,19 +375,4 @@ def _short(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
 
 
-def _ref(record: checkpoint.ClaimRecord) -> claims.ClaimRef:
-    return claims.ClaimRef(uid=record.uid, namespace=record.namespace, name=record.name)
-
-
-def _allocated(record: checkpoint.ClaimRecord) -> list[claims.AllocatedDevice]:
-    return [
-        claims.AllocatedDevice(
-            request=d.requestNames[0] if d.requestNames else "",
-            pool=d.poolName,
-            device=d.deviceName,
-            admin_access=d.adminAccess,
-            share_id=d.shareId,
-            configs=(),
-        )
-        for d in record.devices
-    ]
+_ref = recovery.ref_of

@@ -17,6 +17,7 @@ import json
 import re
 import signal
 import socket
+import sys
 import threading
 import urllib.parse
 from pathlib import Path
@@ -240,6 +241,13 @@ class _Server(http.server.ThreadingHTTPServer):
         with self.connections_lock:
             self.open_connections.discard(request)
         super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (reset, broken pipe) is no server error; others are printed."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
 
     def drop_connections(self) -> None:
         """Close kept-alive connections too, as a stopped server's clients would see."""

@@ -319,12 +319,12 @@ class Publisher:
             except api.ApiError as exc:
                 if self._stop.is_set():
                     return
-                if not opened:
-                    self._tell(self._on_watch, False)
                 expired = exc.status == 410 or exc.reason in ("Expired", "Gone")
                 if expired:  # our resourceVersion is gone: only a fresh list can go on
                     self._relist()
-                elif opened and time.monotonic() - began >= min(1.0, self._watch_timeout_s / 2):
+                else:  # refused, or broke off: not watching (readiness counts from now)
+                    self._tell(self._on_watch, False)
+                if opened and time.monotonic() - began >= min(1.0, self._watch_timeout_s / 2):
                     failures.reset()  # a watch that ran a while and broke: re-open it at once
                 self.log.warning(
                     "watch of ResourceSlices failed",
@@ -380,6 +380,7 @@ def start_node_publisher(
     on_pass: Callable[[Outcome | None], None] | None = None,
     on_watch: Callable[[bool], None] | None = None,
     start: bool = True,
+    watch_timeout_s: float = 30.0,
 ) -> Publisher:
     """Build the node's slices from ``devices`` and keep them published (the node agent's hook;
     ``start=False``: the caller starts it, e.g. once it holds the node's publisher lock).
@@ -394,6 +395,7 @@ def start_node_publisher(
         log=log,
         on_pass=on_pass,
         on_watch=on_watch,
+        watch_timeout_s=watch_timeout_s,
     )
     for problem in result.problems:
         publisher.log.warning("device left out of the ResourceSlices", problem=problem)
