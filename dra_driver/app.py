@@ -350,6 +350,8 @@ def run(
             )
         except build.BuildError as exc:  # keep serving: prepared claims still need unprepare
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))
+        except leader.LockError as exc:
+            log.error("cannot take part in publishing; NOT publishing", error=str(exc))
         cleanup.start()
         log.info(
             "kubelet plugin ready", dra_socket=str(dra.path), registration_socket=str(reg.path)
