@@ -18,8 +18,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
-from dra_driver import cli, health_server, logs, metrics
-from dra_driver.cli import common
+from dra_driver import cli, health_server, healthcontrol, logs, metrics, nodehealth
+from dra_driver.cli import common, healthflags
 from dra_driver.deviceplugin import allocate, app, cdi, inventory, registrar
 from dra_driver.devices import backend, health
 from dra_driver.driver import inventory as preparable
@@ -78,6 +78,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="none | single | mixed (env MIG_STRATEGY; default none)",
     )
     health_server.add_flags(parser)
+    healthflags.add_flags(parser)
     parser.set_defaults(handler=run)
 
 
@@ -108,17 +109,20 @@ def _choice(enum_type: type[_E], value: str, flag: str) -> _E:
 def run(args: argparse.Namespace) -> int:
     registry = metrics.new()
     readiness = health_server.Readiness(conditions=health_server.DEVICE_PLUGIN_CONDITIONS)
+    board = health.HealthBoard()
     try:
         config = config_from_args(args)
+        policy = healthflags.policy_from(args)
+        source = common.make_backend(args)
         try:
-            devices = common.make_backend(args).discover()
+            devices = source.discover()
         except backend.DiscoveryError:
             registry.nvml_error("discover")
             raise
         plugin = app.DevicePluginApp(
             config=config,
             devices=devices,
-            health_source=health.HealthBoard(),
+            health_source=board,
             mig_minors=None if (args.fake or args.fake_file) else preparable.read_mig_minors(),
             readiness=readiness,
         )
@@ -135,6 +139,16 @@ def run(args: argparse.Namespace) -> int:
         http.start()
     except health_server.HealthServerError as exc:
         return common.fail(str(exc), code=1)
+    watching = nodehealth.start(
+        policy=policy,
+        nvml_api=getattr(source, "nvml_api", None),
+        devices=devices,
+        published={d.unit.uuid for r in plugin.resources for d in r.devices},
+        board=board,
+        log=logs.get("deviceplugin.health"),
+        metrics=registry,
+        socket=healthcontrol.device_plugin_socket(config.plugin_dir),
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -148,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
     except (cdi.CdiError, registrar.RegistrationError) as exc:
         return common.fail(str(exc), code=1)
     finally:
+        watching.stop()
+        board.close()
         http.stop()
     if fatal is not None:
         return common.fail(str(fatal), code=1)
