@@ -232,52 +232,15 @@ def start_publisher(
     )
     if board is None or snap is None:
         return pub
-
-    def rebuild(current: health.Snapshot) -> list[build.Obj]:
-        return build.build(
-            devices,
-            node_name=settings.node_name,
-            driver_name=settings.driver_name,
-            decorate=taints.decorator(current, settings.driver_name),
-        ).slices
-
-    follower = republish.HealthRepublisher(
-        publisher=pub,
-        rebuild=rebuild,
+    return republish.follow(
+        pub,
         board=board,
-        log=log.bind(component="publisher"),
         built_at_version=snap.version,
+        devices=devices,
+        node_name=settings.node_name,
+        driver_name=settings.driver_name,
+        log=log.bind(component="publisher"),
     )
-    follower.start()
-    return _Stack((follower, pub))
-
-
-class _Stack:
-    """Stops its parts in order."""
-
-    def __init__(self, parts: tuple[Stoppable, ...]) -> None:
-        self.parts = parts
-
-    def stop(self) -> None:
-        for part in self.parts:
-            part.stop()
-
-
-def published_uuids(
-    settings: PluginSettings, devices: model.NodeDevices
-) -> dict[str, tuple[str, ...]]:
-    """Published device name → the GPU/MIG UUIDs it stands for (what health is watched for)."""
-    try:
-        entries = [
-            d
-            for s in build.build(
-                devices, node_name=settings.node_name, driver_name=settings.driver_name
-            ).slices
-            for d in s["spec"]["devices"]
-        ]
-    except build.BuildError:  # not publishable at all: still watch what we would prepare
-        entries = build.device_entries(devices)
-    return {d["name"]: taints.device_uuids(d, settings.driver_name) for d in entries}
 
 
 def run(
@@ -307,7 +270,9 @@ def run(
         raise StartupError(f"cannot discover GPUs: {exc}") from exc
     log.info("discovered devices", gpus=len(devices.gpus))
     board = health_source or health.HealthBoard()
-    uuids = published_uuids(settings, devices)
+    uuids = taints.published_uuids(
+        devices, node_name=settings.node_name, driver_name=settings.driver_name
+    )
     try:
         driver = build_driver(
             settings,

@@ -132,14 +132,15 @@ class NodeHealth:
             )
         elif event == "lost":
             fake.lose(gpu)
-        elif event in ("reset", "recovered"):
+        elif event == "recovered":
             fake.reset(gpu)
-            if event == "recovered":
-                self.watcher.recovered(uuid)
-            self.watcher.poll_soon()
+            self.watcher.recovered(uuid)
+        elif event == "reset":
+            fake.reset(gpu)
+            self.watcher.check(uuid)  # as the next poll would, without waiting for it
         else:
             fake.set_faults(gpu, **{_FAULT_FIELDS[str(event)]: True})
-            self.watcher.poll_soon()
+            self.watcher.check(uuid)
         self.log.info("fake GPU event injected", gpu=gpu, uuid=uuid, fake_event=event)
         message = done
         if delivered == 0:

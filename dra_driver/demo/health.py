@@ -11,6 +11,7 @@ allocated to gpu-0 earlier is refused at prepare, one that tolerates the taint i
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from dra_driver import examples
+from dra_driver import examples, healthcontrol
 from dra_driver.allocation import allocator, simulator
 from dra_driver.demo import report as reporting
 from dra_driver.demo import rig as rigging
@@ -29,7 +30,7 @@ from dra_driver.driver import claims
 from dra_driver.kubelet import sim
 
 PROFILE = "dgx-h100"
-HOLD_S = 2.0
+HOLD_S = 3.0
 TOLERATION = {"key": "gpu.nvidia.com/xid", "operator": "Exists"}
 Report = reporting.Report
 
@@ -75,9 +76,7 @@ def _story(report: Report, rig: rigging.Rig) -> None:
         f"{sorted(_tainted(slices))}",
     )
     report.say("\n  dra-driver discover --kubelet-plugins-dir ... (the agent's view):")
-    table = _run(
-        rig, "discover", "--fake", PROFILE, "--kubelet-plugins-dir", str(rig.plugin.plugins_dir)
-    )
+    table = _discover(rig)
     report.block("\n".join(line for line in table.splitlines()[:9]), indent="    ")
     report.check("Unhealthy (xid=79)" in table, "discover shows gpu-0 Unhealthy (xid=79)")
     _health_stream(report, rig)
@@ -110,11 +109,9 @@ def _story(report: Report, rig: rigging.Rig) -> None:
     finally:
         kubelet.close()
 
-    report.section(
-        f"The GPU is fixed: dra-driver fake-event --gpu 0 --recovered (hold {HOLD_S:g} s)"
-    )
+    report.section("GPU 0 is fixed: dra-driver fake-event --gpu 0 --recovered")
     _fake_event(report, rig, "--gpu", "0", "--recovered")
-    healed = _wait(lambda: not _tainted(rig.slices()) or None, timeout_s=30 + HOLD_S)
+    healed = _wait(lambda: not _tainted(rig.slices()) or None)
     slices = rig.slices()
     report.check(
         bool(healed), f"taint removed; pool generation {_generation(slices)}; gpu-0 Healthy"
@@ -126,17 +123,26 @@ def _story(report: Report, rig: rigging.Rig) -> None:
         node_name=rig.node_name,
     )
     report.check(fits.allocation is not None, "the eight-GPU claim fits again")
-    table = _run(
-        rig,
-        "discover",
-        "--fake",
-        PROFILE,
-        "--kubelet-plugins-dir",
-        str(rig.plugin.plugins_dir),
-        "-o",
-        "json",
+    _flap(report, rig)
+
+
+def _flap(report: Report, rig: rigging.Rig) -> None:
+    hold = HOLD_S * 2  # the hold doubles with each recovery of the GPU
+    report.section(f"GPU 0 flaps: XID 79 again, recovered at once (held {hold:g}s)")
+    _fake_event(report, rig, "--gpu", "0", "--xid", "79")
+    _wait(lambda: _tainted(rig.slices()) or None)
+    _fake_event(report, rig, "--gpu", "0", "--recovered")
+    status = _status(rig)["gpu-0"]
+    report.check(
+        status["health"] == "Unhealthy" and "gpu-0" in _tainted(rig.slices()),
+        f"held: gpu-0 stays Unhealthy and tainted, {status['holdLeftSeconds']}s of the hold left",
     )
-    report.check('"recoveries": 1' in table, "the agent counted one recovery of gpu-0")
+    began = time.monotonic()
+    healed = _wait(lambda: not _tainted(rig.slices()) or None, timeout_s=30 + hold)
+    report.check(bool(healed), f"the taint went {time.monotonic() - began:.1f}s later")
+    doc = json.loads(_discover(rig, "-o", "json"))
+    recoveries = doc["gpus"][0]["health"].get("recoveries")
+    report.check(recoveries == 2, f"discover: gpu-0 Healthy, recoveries {recoveries}")
 
 
 def _health_stream(report: Report, rig: rigging.Rig) -> None:
@@ -169,6 +175,17 @@ def _run(rig: rigging.Rig, *args: str) -> str:
         check=False,
     )
     return done.stdout + done.stderr
+
+
+def _status(rig: rigging.Rig) -> dict[str, dict[str, Any]]:
+    """The agent's health view over its health socket, by device name."""
+    answer = healthcontrol.request(rig.plugin.settings.health_socket, {"op": "status"})
+    return {d["device"]: d for d in answer["devices"]}
+
+
+def _discover(rig: rigging.Rig, *args: str) -> str:
+    where = str(rig.plugin.plugins_dir)
+    return _run(rig, "discover", "--fake", PROFILE, "--kubelet-plugins-dir", where, *args)
 
 
 def _wait(probe: Any, timeout_s: float = 30.0) -> Any:

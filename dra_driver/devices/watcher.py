@@ -22,7 +22,7 @@ import ctypes
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -262,6 +262,13 @@ class Watcher:
         return found
 
     # --- the poll -------------------------------------------------------------------------------
+    def check(self, uuid: str) -> None:
+        """Poll one GPU now, in the caller's thread (after a change injected into it)."""
+        gpu = self._gpus.get(uuid)
+        if gpu is not None:
+            with self._lock:
+                self._poll_gpu(gpu)
+
     def poll(self) -> None:
         """Check every GPU now (what has no NVML event)."""
         for gpu in self._gpus.values():
@@ -392,9 +399,6 @@ class Watcher:
             getattr(self._api, name)(*args)
         except nvml.NVMLError as exc:
             self.log.debug(f"{name} failed", error=nvml.describe(exc))
-
-    def status(self) -> Iterable[healthtracker.Status]:
-        return self.tracker.status()
 
 
 def _event_kind(kind: int) -> str:

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from dra_driver.devices import health
+from dra_driver.devices import health, model
+from dra_driver.slices import build, taints
 
 Obj = dict[str, Any]
 
@@ -24,9 +25,12 @@ Obj = dict[str, Any]
 class Desired(Protocol):
     def set_desired(self, slices: Iterable[Obj]) -> None: ...
 
+    def stop(self) -> None: ...
+
 
 class HealthRepublisher:
-    """Follows ``board``; on each change hands ``rebuild(snapshot)`` to ``publisher``."""
+    """Follows ``board``; on each change hands ``rebuild(snapshot)`` to ``publisher``.
+    :meth:`stop` stops following, then the publisher."""
 
     def __init__(
         self,
@@ -62,6 +66,7 @@ class HealthRepublisher:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
+        self._publisher.stop()
 
     def _run(self) -> None:
         while True:
@@ -86,3 +91,34 @@ class HealthRepublisher:
                 unhealthy=sorted(snap.unhealthy),
             )
             self._publisher.set_desired(slices)
+
+
+def follow(
+    publisher: Desired,
+    *,
+    board: health.HealthBoard,
+    built_at_version: int,
+    devices: model.NodeDevices,
+    node_name: str,
+    driver_name: str,
+    log: structlog.typing.FilteringBoundLogger,
+) -> HealthRepublisher:
+    """Start re-publishing ``devices``' slices with the taints of ``board`` on every change."""
+
+    def rebuild(snapshot: health.Snapshot) -> list[Obj]:
+        return build.build(
+            devices,
+            node_name=node_name,
+            driver_name=driver_name,
+            decorate=taints.decorator(snapshot, driver_name),
+        ).slices
+
+    follower = HealthRepublisher(
+        publisher=publisher,
+        rebuild=rebuild,
+        board=board,
+        log=log,
+        built_at_version=built_at_version,
+    )
+    follower.start()
+    return follower

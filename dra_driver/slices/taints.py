@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from dra_driver.devices import health
-from dra_driver.slices import devicerules
+from dra_driver.devices import health, model
+from dra_driver.slices import build, devicerules
 
 Obj = dict[str, Any]
 UUID_ATTRIBUTES = ("uuid", "parentUUID", "uuids")
@@ -94,3 +94,15 @@ def lookup(
         ]
 
     return taints_of
+
+
+def published_uuids(
+    devices: model.NodeDevices, *, node_name: str, driver_name: str
+) -> dict[str, tuple[str, ...]]:
+    """Published device name → the GPU/MIG UUIDs it stands for (whose health is watched)."""
+    try:
+        result = build.build(devices, node_name=node_name, driver_name=driver_name)
+        entries = [d for s in result.slices for d in s["spec"]["devices"]]
+    except build.BuildError:  # not publishable at all: still watch what we would prepare
+        entries = build.device_entries(devices)
+    return {d["name"]: device_uuids(d, driver_name) for d in entries}
