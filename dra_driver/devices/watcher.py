@@ -209,7 +209,8 @@ class Watcher:
             self._stop.wait(1.0)
             return
         self._wait_failing = False
-        self.handle_event(event)
+        with self._lock:
+            self.handle_event(event)
 
     def handle_event(self, event: Any) -> None:
         """One ``c_nvmlEventData_t``: find the device it concerns, classify, report."""

@@ -39,7 +39,8 @@ class DeviceTainted(claims.ClaimError):
     """A device is tainted (unhealthy) and the claim's request does not tolerate the taint."""
 
 
-# Device name → its current taints (``{"key", "value", "effect"}``); the node's health.
+# Device name → its current taints (``{"key", "value", "effect"}``, plus a ``message`` saying
+# why, for the refusal); the node's health.
 DeviceTaints = Callable[[str], Sequence[Mapping[str, Any]]]
 
 

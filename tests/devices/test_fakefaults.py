@@ -156,3 +156,26 @@ def test_recovery_action_names_and_event_constants_match_pynvml() -> None:
 def test_unknown_gpu_index_is_refused(fake: fakenvml.FakeNvml) -> None:
     with pytest.raises(KeyError, match="no GPU with index 42"):
         fake.inject_xid(42, 79)
+
+
+def test_every_nvml_call_of_the_watcher_exists_alike_in_pynvml_and_the_stand_in() -> None:
+    """The fake and the real path share the watcher: each NVML function it calls is in pynvml,
+    and the stand-in offers it with the same parameters."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from dra_driver.devices import watcher
+
+    source = Path(watcher.__file__).read_text()
+    called = {
+        a or b
+        for a, b in re.findall(r"_api\.(nvml[A-Z]\w+)\(|\"(nvml[A-Z]\w+)\"", source)
+    }
+    assert {"nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2"} <= called
+    for name in sorted(called):
+        real = getattr(pynvml, name)
+        fake = getattr(fakenvml.FakeNvml, name)
+        real_params = list(inspect.signature(real).parameters)
+        fake_params = list(inspect.signature(fake).parameters)[1:]  # without self
+        assert len(fake_params) == len(real_params), (name, real_params, fake_params)
