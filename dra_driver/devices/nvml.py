@@ -179,6 +179,18 @@ def real_module() -> NvmlApi:
     return pynvml
 
 
+def optional(api: NvmlApi, name: str, *args: Any) -> Any:
+    """``api.<name>(*args)``, or None when this GPU, driver or binding cannot answer it (other
+    errors, GpuIsLost included, propagate)."""
+    fn = getattr(api, name, None)
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except UNSUPPORTED:
+        return None
+
+
 def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -255,14 +267,7 @@ class PynvmlBackend:
 
     # --- calls --------------------------------------------------------------------------------
     def _optional(self, name: str, *args: Any) -> Any:
-        """The call's result, or None when this GPU, driver or binding cannot answer it."""
-        fn = getattr(self._nvml, name, None)
-        if fn is None:
-            return None
-        try:
-            return fn(*args)
-        except UNSUPPORTED:
-            return None
+        return optional(self._nvml, name, *args)
 
     def _required(self, name: str, *args: Any) -> Any:
         fn = getattr(self._nvml, name, None)

@@ -386,14 +386,7 @@ class Watcher:
             )
 
     def _optional(self, name: str, *args: Any) -> Any:
-        """The call's result, None when unsupported; GpuIsLost and other errors propagate."""
-        fn = getattr(self._api, name, None)
-        if fn is None:
-            return None
-        try:
-            return fn(*args)
-        except nvml.UNSUPPORTED:
-            return None
+        return nvml.optional(self._api, name, *args)
 
     def _quiet_call(self, name: str, *args: Any) -> None:
         try:

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -24,6 +24,8 @@ from dra_driver import healthcontrol
 from dra_driver.devices import fake
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]  # the run_cli fixture (conftest)
 
 
 class Recorder(pb_grpc.RegistrationServicer):
@@ -192,22 +194,12 @@ def test_metrics_and_readiness_follow_registration(plugin_dir: Path) -> None:
         proc.wait()
 
 
-def fake_event(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dra_driver", "fake-event", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-    )
-
-
 def health_of(response: pb.ListAndWatchResponse) -> dict[str, str]:
     return {d.ID: d.health for d in response.devices}
 
 
 def test_device_plugin_stream_shows_both_transitions_for_every_replica(
-    plugin_dir: Path, recorder: Recorder
+    plugin_dir: Path, recorder: Recorder, run_cli: RunCli
 ) -> None:
     proc = start(
         plugin_dir, "--fake", "h100-nvl-pairs", "--replicas", "2", "--health-min-hold", "0"
@@ -220,12 +212,18 @@ def test_device_plugin_stream_shows_both_transitions_for_every_replica(
             first = health_of(next(stream))
             assert set(first.values()) == {"Healthy"} and len(first) == 8
             uuid = fake.FakeBackend.from_name("h100-nvl-pairs").discover().gpu(1).uuid
-            done = fake_event("--gpu", "1", "--xid", "79", "--device-plugin-dir", str(plugin_dir))
+            done = run_cli(
+                "fake-event", "--gpu", "1", "--xid", "79", "--device-plugin-dir", str(plugin_dir)
+            )
             assert done.returncode == 0, done.stderr
             sick = {i for i, h in health_of(next(stream)).items() if h == "Unhealthy"}
             assert sick == {f"{uuid}::0", f"{uuid}::1"}  # the GPU and every replica of it
-            done = fake_event(
-                "--gpu", "1", "--recovered", env={"DEVICE_PLUGIN_DIR": str(plugin_dir)}
+            done = run_cli(
+                "fake-event",
+                "--gpu",
+                "1",
+                "--recovered",
+                env={"DEVICE_PLUGIN_DIR": str(plugin_dir)},
             )
             assert done.returncode == 0, done.stderr
             assert set(health_of(next(stream)).values()) == {"Healthy"}

@@ -6,9 +6,8 @@ tests/cli/test_device_plugin.py for the device plugin.)"""
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,19 +16,11 @@ from dra_driver import logs, metrics, nodehealth
 from dra_driver.cli import agentflags, fake_event
 from dra_driver.devices import fake, health, healthpolicy
 
-
-def inject(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dra_driver", "fake-event", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-    )
+RunCli = Callable[..., subprocess.CompletedProcess[str]]  # the run_cli fixture (conftest)
 
 
-def test_no_agent_is_a_clear_error(tmp_path: Path) -> None:
-    done = inject("--gpu", "0", "--lost", "--kubelet-plugins-dir", str(tmp_path))
+def test_no_agent_is_a_clear_error(tmp_path: Path, run_cli: RunCli) -> None:
+    done = run_cli("fake-event", "--gpu", "0", "--lost", "--kubelet-plugins-dir", str(tmp_path))
     assert done.returncode == 1
     assert f"no node agent health socket at {tmp_path}/gpu.nvidia.com/health.sock" in done.stderr
 
@@ -42,8 +33,8 @@ def test_no_agent_is_a_clear_error(tmp_path: Path) -> None:
         (["--gpu", "0", "--xid", "79", "--mig", "one"], "--mig 'one': expected GI:CI"),
     ],
 )
-def test_bad_flags_exit_2(argv: list[str], message: str) -> None:
-    done = inject(*argv)
+def test_bad_flags_exit_2(argv: list[str], message: str, run_cli: RunCli) -> None:
+    done = run_cli("fake-event", *argv)
     assert done.returncode == 2 and message in done.stderr
 
 

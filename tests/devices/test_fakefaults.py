@@ -168,10 +168,7 @@ def test_every_nvml_call_of_the_watcher_exists_alike_in_pynvml_and_the_stand_in(
     from dra_driver.devices import watcher
 
     source = Path(watcher.__file__).read_text()
-    called = {
-        a or b
-        for a, b in re.findall(r"_api\.(nvml[A-Z]\w+)\(|\"(nvml[A-Z]\w+)\"", source)
-    }
+    called = {a or b for a, b in re.findall(r"_api\.(nvml[A-Z]\w+)\(|\"(nvml[A-Z]\w+)\"", source)}
     assert {"nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2"} <= called
     for name in sorted(called):
         real = getattr(pynvml, name)

@@ -45,21 +45,18 @@ class Agent:
     def generation(self) -> int:
         return int(self.slices()[0]["spec"]["pool"]["generation"])
 
-    def fake_event(self, *args: str) -> str:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "dra_driver",
-                "fake-event",
-                *args,
-                "--kubelet-plugins-dir",
-                str(self.proc.plugins_dir),
-            ],
+    def run(self, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """``dra-driver <command> ... --kubelet-plugins-dir <the agent's>``."""
+        where = str(self.proc.plugins_dir)
+        return subprocess.run(
+            [sys.executable, "-m", "dra_driver", command, *args, "--kubelet-plugins-dir", where],
             capture_output=True,
             text=True,
             timeout=60,
         )
+
+    def fake_event(self, *args: str) -> str:
+        done = self.run("fake-event", *args)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -222,23 +219,7 @@ def test_health_stream_reports_unhealthy_with_a_message_and_healthy_again(
 
 
 def test_fake_event_errors_are_clear(agent: Agent) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dra_driver",
-            "fake-event",
-            "--gpu",
-            "42",
-            "--xid",
-            "79",
-            "--kubelet-plugins-dir",
-            str(agent.proc.plugins_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = agent.run("fake-event", "--gpu", "42", "--xid", "79")
     assert done.returncode == 1
     assert "no GPU 42 on this fake node (GPUs: 0, 1, 2, 3, 4, 5, 6, 7)" in done.stderr
 
@@ -246,24 +227,19 @@ def test_fake_event_errors_are_clear(agent: Agent) -> None:
 def test_discover_shows_the_agents_health_view(agent: Agent) -> None:
     agent.fake_event("--gpu", "3", "--xid", "79")
 
-    def discover(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "dra_driver", "discover", "--fake", "dgx-h100", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    table = discover("--kubelet-plugins-dir", str(agent.proc.plugins_dir))
+    table = agent.run("discover", "--fake", "dgx-h100")
     assert table.returncode == 0, table.stderr
     rows = {line.split()[0]: line for line in table.stdout.splitlines() if line.startswith("gpu-")}
     assert rows["gpu-3"].endswith("Unhealthy (xid=79)")
     assert rows["gpu-2"].endswith("Healthy")
-    doc = json.loads(
-        discover("--kubelet-plugins-dir", str(agent.proc.plugins_dir), "-o", "json").stdout
-    )
+    doc = json.loads(agent.run("discover", "--fake", "dgx-h100", "-o", "json").stdout)
     gpu3 = doc["gpus"][3]["health"]
     assert (gpu3["health"], gpu3["source"], gpu3["recoveries"]) == ("Unhealthy", "agent", 0)
     assert gpu3["conditions"][0]["message"] == "XID 79 (GPU has fallen off the bus)"
-    own = discover()  # without the agent: what this process's NVML shows (a fresh fake node)
+    own = subprocess.run(  # without the agent: what this process's NVML shows (a fresh node)
+        [sys.executable, "-m", "dra_driver", "discover", "--fake", "dgx-h100"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "Unhealthy" not in own.stdout and own.returncode == 0
