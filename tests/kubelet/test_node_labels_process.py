@@ -16,7 +16,7 @@ from dra_driver.nodelabels import reconcile
 FOREIGN = {"kubernetes.io/hostname": "n1", "nvidia.com/gpu.deploy.driver": "true", "team": "ml"}
 
 
-def wait_for(condition: Callable[[], bool], proc: PluginProcess, timeout_s: float = 30) -> None:
+def wait_for(condition: Callable[[], bool], proc: PluginProcess, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert proc.proc is not None and proc.proc.poll() is None, proc.log()
