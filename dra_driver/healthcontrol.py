@@ -95,6 +95,8 @@ class ControlServer:
 
     def _bind(self) -> None:
         with self._lock:
+            if self._stop.is_set():
+                return
             self._close()
             if self.path.exists() or self.path.is_symlink():
                 self.path.unlink()

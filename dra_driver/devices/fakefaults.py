@@ -104,12 +104,14 @@ class FakeHealth:
 
     def reset(self, index: int) -> None:
         """GPU ``index`` was reset (or the node rebooted): it answers again, nothing is pending,
-        the recovery action is none. Event registrations of the GPU are gone, as after a reset."""
+        the recovery action is none. A GPU that was lost comes back as a new device: its event
+        registrations are gone and must be made again."""
         pos = self._position(index)
         with self._events:
+            if self._faults[pos].lost:
+                for event_set in self._sets.values():
+                    event_set.registered.pop(pos, None)
             self._faults[pos] = GpuFaults()
-            for event_set in self._sets.values():
-                event_set.registered.pop(pos, None)
 
     def set_faults(self, index: int, **changes: Any) -> None:
         """Change fields of :class:`GpuFaults` (``pages_pending=True``, ``recovery_action=1``)."""

@@ -249,8 +249,8 @@ class Watcher:
         action = None
         if kind & (nvml.EVENT_XID | nvml.EVENT_DBE):
             action = self._action(gpu)
-            if action:  # the condition names the action: the poll adds no second one
-                gpu.explained = action
+            if action:  # the condition names the action: the poll adds no second one, and
+                gpu.explained = gpu.action = action  # its end is a reset observed
         found: list[healthpolicy.Finding] = []
         if kind & nvml.EVENT_XID:
             finding = self.policy.xid(int(event.eventData), action or None)

@@ -87,7 +87,10 @@ def test_a_lost_gpu_raises_gpu_is_lost_from_every_call_and_wakes_waiters(
     fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(4))  # the others still answer
     fake.reset(5)
     assert fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(5))
-    assert fake.inject_xid(5, 79) == 0  # a reset drops the event registration
+    assert fake.inject_xid(5, 79) == 0  # back as a new device: not registered any more
+    registered(fake, 4)
+    fake.reset(4)  # a reset of a GPU that was not lost keeps its registrations
+    assert fake.inject_xid(4, 48) == 1
 
 
 def test_handle_by_uuid_for_gpus_and_mig_devices() -> None:

@@ -168,6 +168,16 @@ def test_a_recovery_action_without_an_event_is_found_by_the_poll() -> None:
     assert n.conditions(2) == {}
 
 
+def test_a_reset_observed_right_after_an_event_with_an_action_ends_it() -> None:
+    n = node()
+    n.backend.nvml.inject_xid(3, 48, action=pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
+    n.step()
+    assert n.conditions(3) == {"xid": ("48", "NoSchedule")}
+    n.backend.nvml.reset(3)  # before any poll saw the action
+    n.watcher.check(n.uuid(3))
+    assert n.conditions(3) == {}
+
+
 def test_reboot_action_is_fatal() -> None:
     n = node()
     n.backend.nvml.inject_xid(0, 48, action=pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT)
