@@ -23,7 +23,7 @@ import dataclasses
 import threading
 from typing import Any
 
-from dra_driver.devices import nvml
+from dra_driver.devices import nvml, profiles
 
 _AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE: first architecture with row remapping
 _HANDLE_BASE = 0x6E760000  # fake addresses of device handles in event data (never dereferenced)
@@ -53,8 +53,10 @@ class FakeHealth:
     """Mixin: NVML's health functions for the stand-in's GPUs, plus fault injection."""
 
     # Provided by FakeNvml.
+    profile: profiles.Profile
     _pos: dict[int, int]
     _arch: list[int]
+    _migs: list[list[profiles.MigSpec]]
 
     def _init_health(self, count: int) -> None:
         self._faults = [GpuFaults() for _ in range(count)]
@@ -162,6 +164,20 @@ class FakeHealth:
         if self._faults[pos].lost:
             raise nvml.NVMLError_GpuIsLost()
 
+    # --- NVML: handles -------------------------------------------------------------------------
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Any:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for pos in range(len(self.profile.gpus)):
+            index = self.profile.gpu_index(pos)
+            if self.profile.gpu_uuid(pos) == wanted:
+                return self.nvmlDeviceGetHandleByIndex(index)
+            for slot, mig in enumerate(self._migs[pos]):
+                if self.profile.mig_uuid(pos, mig) == wanted:
+                    gpu = self.nvmlDeviceGetHandleByIndex(index)
+                    return self.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
+        raise nvml.NVMLError_NotFound()
+
     # --- NVML: events --------------------------------------------------------------------------
     def _event_set(self, name: str, handle: object) -> _EventSet:
         self._enter(name)
@@ -253,6 +269,12 @@ class FakeHealth:
 
     # Provided by FakeNvml (declared for the type checker).
     def _enter(self, name: str, handle: object = None) -> None:
+        raise NotImplementedError
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        raise NotImplementedError
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int) -> Any:
         raise NotImplementedError
 
     def _device(self, name: str, handle: object) -> Any:

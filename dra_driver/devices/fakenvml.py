@@ -235,20 +235,6 @@ class FakeNvml(fakefaults.FakeHealth):
         minor = self._spec(dev).minor
         return dev.index if minor is None else minor
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> _Device | _MigHandle:
-        self._enter("nvmlDeviceGetHandleByUUID")
-        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
-        for pos in range(len(self.profile.gpus)):
-            index = self.profile.gpu_index(pos)
-            if self.profile.gpu_uuid(pos) == wanted:
-                self._enter("nvmlDeviceGetHandleByUUID", index)
-                return _Device(index=index, pos=pos)
-            for slot, mig in enumerate(self._migs[pos]):
-                if self.profile.mig_uuid(pos, mig) == wanted:
-                    self._enter("nvmlDeviceGetHandleByUUID", index)
-                    return _MigHandle(parent=_Device(index=index, pos=pos), slot=slot)
-        raise nvml.NVMLError_NotFound()
-
     def nvmlDeviceGetUUID(self, handle: object) -> str:
         handle = self._resolve(handle)
         if isinstance(handle, _MigHandle):
