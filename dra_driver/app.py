@@ -3,9 +3,10 @@ real parts together.
 
 It picks the device backend, the Kubernetes API adapter and the host paths, builds the driver
 core, recovers its checkpoint, serves the kubelet (DRA service, then registration), runs the
-ResourceSlice publisher and the periodic claim clean-up, and on SIGTERM shuts down in the order
-that keeps the kubelet informed: registration socket first (the kubelet stops sending work), then
-the publisher and clean-up, then the DRA service once in-flight calls are answered.
+ResourceSlice publisher, the Node's GPU labels and the periodic claim clean-up, and on SIGTERM
+shuts down in the order that keeps the kubelet informed: registration socket first (the kubelet
+stops sending work), then the publisher, labels and clean-up, then the DRA service once in-flight
+calls are answered.
 
 Only one instance per node publishes (:mod:`~dra_driver.slices.leader`); readiness says whether
 our slices are published: by us (``slices_published`` turns false once publishing has failed for
@@ -29,15 +30,17 @@ from typing import Any, Protocol
 
 import structlog
 
-from dra_driver import health_server, logs
+from dra_driver import health_server, healthcontrol, logs, nodehealth
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import backend as devices_backend
-from dra_driver.devices import control, health, model, nvml
+from dra_driver.devices import control, health, healthpolicy, model, nvml
 from dra_driver.driver import cdi, checkpoint, driverfiles, instances, inventory, sharing, state
 from dra_driver.driver import driver as driver_mod
 from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
-from dra_driver.slices import build, leader, publisher
+from dra_driver.nodelabels import agent as nodelabels
+from dra_driver.nodelabels import compute as labels_compute
+from dra_driver.slices import build, leader, nodepublisher, taints
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,6 +65,9 @@ class PluginSettings:
     publish: bool = True
     publish_grace_s: float = 60.0  # publishing may fail this long before /readyz says 503
     watch_timeout_s: float = 30.0  # each watch of our slices; silence past it: connection dead
+    node_labels: bool = True  # keep this node's GPU labels (docs/labels.md) on its Node
+    node_labels_resync_s: float = 60.0
+    health: healthpolicy.HealthPolicy = dataclasses.field(default_factory=healthpolicy.HealthPolicy)
 
     @property
     def plugin_dir(self) -> Path:
@@ -82,6 +88,11 @@ class PluginSettings:
             f"{self.driver_name}-{self.pod_uid}-reg.sock",
             f"{self._short_id}-reg.sock",
         )
+
+    @property
+    def health_socket(self) -> Path:
+        """Where ``discover`` and ``fake-event`` reach this agent (:mod:`.healthcontrol`)."""
+        return healthcontrol.dra_socket(self.plugin_dir, self._short_id if self.pod_uid else "")
 
     @property
     def lock_dir(self) -> Path:
@@ -123,10 +134,12 @@ def build_driver(
     log: structlog.typing.FilteringBoundLogger,
     gpu_control: control.GpuControl | None = None,
     metrics: metrics_mod.DriverMetrics | None = None,
+    device_taints: state.DeviceTaints | None = None,
 ) -> driver_mod.Driver:
     """The driver core for ``devices``, with its checkpoint recovered (usable without gRPC).
 
-    ``gpu_control`` (for tests) replaces the one :func:`gpu_control_for` picks."""
+    ``gpu_control`` (for tests) replaces the one :func:`gpu_control_for` picks;
+    ``device_taints`` (a device's taints now) makes prepare refuse untolerated taints."""
     mig_minors = None if settings.fake else inventory.read_mig_minors()
     files = driverfiles.discover(settings.driver_root, mount=settings.driver_root_mount)
     if not files:
@@ -168,6 +181,7 @@ def build_driver(
                 else None
             ),
         ),
+        device_taints=device_taints,
     )
     if locks is None:
         claim_state.recover()
@@ -208,59 +222,6 @@ def gpu_control_for(
     )
 
 
-class NodePublisher:
-    """This node's publisher, run only while this instance holds the node's publisher lock,
-    and what readiness reads from it."""
-
-    def __init__(
-        self,
-        settings: PluginSettings,
-        *,
-        devices: model.NodeDevices,
-        api: kube.KubeApi,
-        log: structlog.typing.FilteringBoundLogger,
-        metrics: metrics_mod.DriverMetrics | None = None,
-    ) -> None:
-        """Raises :class:`~dra_driver.slices.build.BuildError` when no slice can be built."""
-        self.metrics = metrics
-        self.reconciles = health_server.Grace(settings.publish_grace_s)
-        self.watches = health_server.Grace(settings.publish_grace_s, ready=True)
-        self.publisher = publisher.start_node_publisher(
-            start=False,
-            api=api,
-            devices=devices,
-            driver_name=settings.driver_name,
-            node_name=settings.node_name,
-            log=log,
-            on_pass=self._passed,
-            on_watch=lambda ok: self.watches.ok() if ok else self.watches.failed(),
-            watch_timeout_s=settings.watch_timeout_s,
-        )
-        self.lock = leader.PublisherLock(settings.plugin_dir / leader.LOCK_FILE, log=log)
-
-    def start(self) -> None:
-        self.lock.start(on_acquired=self.publisher.start)
-
-    def stop(self) -> None:
-        self.publisher.stop()
-        self.lock.release()
-
-    def published(self) -> bool:
-        """Readiness: published by us (failures within the grace period), or by the other
-        instance while we stand by."""
-        return self.lock.standby or (self.reconciles() and self.watches())
-
-    def _passed(self, outcome: publisher.Outcome | None) -> None:
-        if self.metrics is not None:
-            self.metrics.slice_publish(
-                ok=outcome is not None, slices=outcome.slices if outcome else None
-            )
-        if outcome is None:
-            self.reconciles.failed()
-        else:
-            self.reconciles.ok()
-
-
 def start_publisher(
     settings: PluginSettings,
     *,
@@ -269,19 +230,53 @@ def start_publisher(
     log: structlog.typing.FilteringBoundLogger,
     metrics: metrics_mod.DriverMetrics | None = None,
     readiness: health_server.Readiness | None = None,
-) -> NodePublisher | None:
+    board: health.HealthBoard | None = None,
+) -> nodepublisher.NodePublisher | None:
     """Keep this node's ResourceSlices published (unless ``settings.publish`` is off), as the
-    one publishing instance of the node; ``readiness``'s ``slices_published`` follows it."""
+    one publishing instance of the node, with the taints of ``board``'s unhealthy GPUs,
+    re-published whenever the board changes; ``readiness``'s ``slices_published`` follows it."""
     if not settings.publish:
         log.info("not publishing ResourceSlices (disabled)")
         return None
-    node = NodePublisher(
-        settings, devices=devices, api=api, log=log.bind(component="publisher"), metrics=metrics
+    node = nodepublisher.NodePublisher(
+        driver_name=settings.driver_name,
+        node_name=settings.node_name,
+        devices=devices,
+        api=api,
+        lock_file=settings.plugin_dir / leader.LOCK_FILE,
+        grace_s=settings.publish_grace_s,
+        watch_timeout_s=settings.watch_timeout_s,
+        log=log.bind(component="publisher"),
+        metrics=metrics,
+        board=board,
     )
     if readiness is not None:
         readiness.set_check("slices_published", node.published)
     node.start()
     return node
+
+
+def start_node_labels(
+    settings: PluginSettings,
+    *,
+    devices: model.NodeDevices,
+    api: kube.KubeApi,
+    source: health.HealthSource,
+    log: structlog.typing.FilteringBoundLogger,
+) -> Stoppable | None:
+    """Keep this node's GPU labels on its Node (unless ``settings.node_labels`` is off)."""
+    if not settings.node_labels:
+        log.info("not labelling the Node (disabled)")
+        return None
+    return nodelabels.start(
+        kube=api,
+        node_name=settings.node_name,
+        devices=devices,
+        settings=labels_compute.Settings(),  # DRA: whole GPUs and MIG devices side by side
+        source=source,
+        log=log.bind(component="node-labels"),
+        resync_s=settings.node_labels_resync_s,
+    )
 
 
 def run(
@@ -293,12 +288,13 @@ def run(
     log: structlog.typing.FilteringBoundLogger | None = None,
     metrics: metrics_mod.DriverMetrics | None = None,
     readiness: health_server.Readiness | None = None,
-    health_source: health.HealthSource | None = None,
+    health_source: health.HealthBoard | None = None,
 ) -> int:
     """Run the node agent until ``stop`` is set; returns the exit code.
 
     ``metrics`` and ``readiness`` (see :func:`new_readiness`) are fed as the agent runs;
-    ``health_source`` feeds the kubelet's device health stream (default: all healthy)."""
+    ``health_source`` is the board GPU health is tracked on (default: a new one), which feeds
+    the kubelet's device health stream, the slices' taints and prepare's taint check."""
     log = log or logs.get("kubelet-plugin")
     log = log.bind(driver=settings.driver_name, node=settings.node_name)
     metrics = metrics or metrics_mod.new()
@@ -309,15 +305,35 @@ def run(
         metrics.nvml_error("discover")
         raise StartupError(f"cannot discover GPUs: {exc}") from exc
     log.info("discovered devices", gpus=len(devices.gpus))
+    board = health_source or health.HealthBoard()
+    uuids = taints.published_uuids(
+        devices, node_name=settings.node_name, driver_name=settings.driver_name
+    )
     try:
-        driver = build_driver(settings, devices=devices, api=api, log=log, metrics=metrics)
+        driver = build_driver(
+            settings,
+            devices=devices,
+            api=api,
+            log=log,
+            metrics=metrics,
+            device_taints=taints.lookup(board, uuids, settings.driver_name),
+        )
     except OSError as exc:
         raise StartupError(f"cannot set up the plugin's files: {exc}") from exc
-
+    node_health = nodehealth.start(
+        policy=settings.health,
+        nvml_api=getattr(backend, "nvml_api", None),
+        devices=devices,
+        published={u for each in uuids.values() for u in each},
+        board=board,
+        log=log.bind(component="health"),
+        metrics=metrics,
+        socket=settings.health_socket,
+    )
     streams = health_service.HealthStreams(
         pool_name=settings.node_name,
         devices=health.device_keys(devices),
-        source=health_source or health.HealthBoard(),
+        source=board,
         log=log.bind(component="health"),
     )
     dra = server.UnixServer(
@@ -341,17 +357,25 @@ def run(
     )
     cleanup = driver_mod.CleanupLoop(driver=driver, interval_s=settings.cleanup_interval_s, log=log)
     slice_publisher: Stoppable | None = None
+    node_labels: Stoppable | None = None
     try:
         dra.start()
         reg.start()
         try:
             slice_publisher = start_publisher(
-                settings, devices=devices, api=api, log=log, metrics=metrics, readiness=readiness
+                settings,
+                devices=devices,
+                api=api,
+                log=log,
+                metrics=metrics,
+                readiness=readiness,
+                board=board,
             )
         except build.BuildError as exc:  # keep serving: prepared claims still need unprepare
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))
         except leader.LockError as exc:
             log.error("cannot take part in publishing; NOT publishing", error=str(exc))
+        node_labels = start_node_labels(settings, devices=devices, api=api, source=board, log=log)
         cleanup.start()
         log.info(
             "kubelet plugin ready", dra_socket=str(dra.path), registration_socket=str(reg.path)
@@ -362,7 +386,10 @@ def run(
         reg.stop(grace_s=1.0)
         if slice_publisher is not None:
             slice_publisher.stop()
+        if node_labels is not None:
+            node_labels.stop()
         cleanup.stop()
+        node_health.stop()
         streams.stop()
         dra.stop(grace_s=5.0)
         driver.close()

@@ -22,11 +22,13 @@ from dra_driver import __version__, logs
 SUMMARIES = {
     "discover": "list this node's GPUs and their topology",
     "slices": "print the ResourceSlices this node would publish (multi-document YAML)",
+    "labels": "print this node's GPU labels (GPU Feature Discovery's names)",
     "publish": "publish this node's ResourceSlices and keep them",
     "simulate": "allocate a ResourceClaim on one node locally and explain failures",
     "demo": "run the whole node pipeline on fake GPUs (no cluster, no GPU needed)",
     "kubelet-plugin": "run the node agent: kubelet DRA plugin and slice publisher",
     "device-plugin": "serve nvidia.com/gpu through the kubelet device plugin API",
+    "fake-event": "make a fake GPU of a running node agent fail or recover (fake nodes)",
 }
 COMMANDS = tuple(name.replace("-", "_") for name in SUMMARIES)  # module names
 

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from dra_driver import app, cli, health_server, logs, metrics
-from dra_driver.cli import common
+from dra_driver.cli import common, healthflags, labelflags
 from dra_driver.devices import backend
 from dra_driver.driver import checkpoint
 from dra_driver.kubelet import server
@@ -115,6 +115,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     common.add_backend_flags(parser)
     health_server.add_flags(parser)
+    healthflags.add_flags(parser)
+    labelflags.add_flags(parser)
     parser.set_defaults(handler=run)
 
 
@@ -153,6 +155,9 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         publish=not args.no_publish,
         publish_grace_s=args.publish_grace,
         watch_timeout_s=args.watch_timeout,
+        health=healthflags.policy_from(args),
+        node_labels=args.node_labels,
+        node_labels_resync_s=args.node_labels_resync,
     )
 
 

@@ -381,13 +381,15 @@ def start_node_publisher(
     on_watch: Callable[[bool], None] | None = None,
     start: bool = True,
     watch_timeout_s: float = 30.0,
+    decorate: Callable[[list[api.Obj]], None] | None = None,
 ) -> Publisher:
     """Build the node's slices from ``devices`` and keep them published (the node agent's hook;
     ``start=False``: the caller starts it, e.g. once it holds the node's publisher lock).
 
+    ``decorate``: a pass over the devices before they become slices (device taints).
     Raises :class:`~dra_driver.slices.build.BuildError` when the names cannot make a slice.
     """
-    result = build.build(devices, node_name=node_name, driver_name=driver_name)
+    result = build.build(devices, node_name=node_name, driver_name=driver_name, decorate=decorate)
     publisher = Publisher(
         kube=api,
         driver_name=driver_name,

@@ -13,15 +13,20 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
 
+from dra_driver import healthcontrol
+from dra_driver.devices import fake
+from dra_driver.fakeapi import fakeserver, memory
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]  # the run_cli fixture (conftest)
 
 
 class Recorder(pb_grpc.RegistrationServicer):
@@ -190,6 +195,48 @@ def test_metrics_and_readiness_follow_registration(plugin_dir: Path) -> None:
         proc.wait()
 
 
+def health_of(response: pb.ListAndWatchResponse) -> dict[str, str]:
+    return {d.ID: d.health for d in response.devices}
+
+
+def test_device_plugin_stream_shows_both_transitions_for_every_replica(
+    plugin_dir: Path, recorder: Recorder, run_cli: RunCli
+) -> None:
+    proc = start(
+        plugin_dir, "--fake", "h100-nvl-pairs", "--replicas", "2", "--health-min-hold", "0"
+    )
+    try:
+        assert recorder.arrived.wait(timeout=15)
+        sock = plugin_dir / recorder.requests[0].endpoint
+        with grpc.insecure_channel(f"unix://{sock}") as channel:
+            stream = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty(), timeout=60)
+            first = health_of(next(stream))
+            assert set(first.values()) == {"Healthy"} and len(first) == 8
+            uuid = fake.FakeBackend.from_name("h100-nvl-pairs").discover().gpu(1).uuid
+            done = run_cli(
+                "fake-event", "--gpu", "1", "--xid", "79", "--device-plugin-dir", str(plugin_dir)
+            )
+            assert done.returncode == 0, done.stderr
+            sick = {i for i, h in health_of(next(stream)).items() if h == "Unhealthy"}
+            assert sick == {f"{uuid}::0", f"{uuid}::1"}  # the GPU and every replica of it
+            done = run_cli(
+                "fake-event",
+                "--gpu",
+                "1",
+                "--recovered",
+                env={"DEVICE_PLUGIN_DIR": str(plugin_dir)},
+            )
+            assert done.returncode == 0, done.stderr
+            assert set(health_of(next(stream)).values()) == {"Healthy"}
+            stream.cancel()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
+        assert not healthcontrol.device_plugin_socket(plugin_dir).exists()
+    finally:
+        proc.kill()
+
+
 def _http_address(log_path: Path, timeout_s: float = 15) -> tuple[str, int]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -209,3 +256,88 @@ def _get(address: tuple[str, int], path: str) -> tuple[int, str]:
         return resp.status, resp.read().decode()
     finally:
         conn.close()
+
+
+def test_labels_its_node_for_legacy_pods(plugin_dir: Path, recorder: Recorder) -> None:
+    """With --node-name the device plugin keeps GFD's labels, e.g. for nodeAffinity on
+    nvidia.com/gpu.product; time-slicing shows as -SHARED. One PATCH, then GETs only."""
+    with fakeserver.FakeApiServer(memory.InMemoryApi(use_default_cel=False)) as server:
+        server.api.put_node("n1", labels={"kubernetes.io/hostname": "n1"})
+        kubeconfig = server.write_kubeconfig(plugin_dir / "kubeconfig")
+        proc = start(
+            plugin_dir,
+            "--fake",
+            "pcie-l4",
+            "--kubeconfig",
+            str(kubeconfig),
+            env={"NODE_NAME": "n1", "GPU_REPLICAS": "2", "NODE_LABELS_RESYNC": "0.2"},
+        )
+
+        def node_calls(method: str) -> int:
+            return sum(1 for c in server.api.calls if c.method == method)
+
+        try:
+            deadline = time.monotonic() + 60
+            while node_calls("get_node") < 6 and time.monotonic() < deadline:
+                assert proc.poll() is None
+                time.sleep(0.05)
+            with server.api._lock:
+                labels = dict(server.api._nodes["n1"]["metadata"]["labels"])
+            assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4-SHARED"
+            assert labels["nvidia.com/gpu.replicas"] == "2"
+            assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+            assert labels["kubernetes.io/hostname"] == "n1"
+            assert node_calls("get_node") >= 6 and node_calls("patch_node") == 1
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err
+
+
+def test_without_a_node_name_there_are_no_labels(plugin_dir: Path) -> None:
+    log_path = plugin_dir / "plugin.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dra_driver",
+                "--log-format",
+                "json",
+                "device-plugin",
+                "--device-plugin-dir",
+                str(plugin_dir),
+                "--cdi-root",
+                str(plugin_dir / "cdi"),
+                "--fake",
+                "pcie-l4",
+            ],
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "NODE_NAME": ""},
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "not labelling the Node: no --node-name (env NODE_NAME)" not in log_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        assert proc.poll() is None  # serving on, labels off
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_labels_without_api_access_exit_2(plugin_dir: Path) -> None:
+    proc = start(
+        plugin_dir,
+        "--fake",
+        "pcie-l4",
+        "--node-name",
+        "n1",
+        "--kubeconfig",
+        str(plugin_dir / "missing"),
+    )
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert f"node labels need API access: kubeconfig {plugin_dir / 'missing'} does not exist" in err

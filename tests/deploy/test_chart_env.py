@@ -49,7 +49,11 @@ def _container_env(ds: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
 
 
 def _flag_values(ns: argparse.Namespace) -> dict[str, str]:
-    return {k: str(v) for k, v in vars(ns).items() if k != "handler"}
+    return {
+        k: str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in vars(ns).items()
+        if k != "handler"
+    }
 
 
 # Every value differs from the CLI's default, so a variable nobody reads cannot go unnoticed.
@@ -63,6 +67,7 @@ _COMMON = {
     "driverName": "gpu.example.com",
     "logging": {"level": "debug", "format": "console"},
     "metrics": {"port": 9400},
+    "nodeLabels": {"resyncSeconds": 2.5},
 }
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "kubelet-plugin-real": {**_COMMON, "kubeletPlugin": {**_PATHS, "publishGraceSeconds": 45.5}},
@@ -75,6 +80,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         **_COMMON,
         "metrics": {"port": 9400, "address": "::"},
         "kubeletPlugin": {**_PATHS, "publishGraceSeconds": 45.5},
+    },
+    "kubelet-plugin-no-node-labels": {
+        **_COMMON,
+        "kubeletPlugin": {**_PATHS, "publishGraceSeconds": 45.5},
+        "nodeLabels": {"enabled": False, "resyncSeconds": 2.5},
     },
     "device-plugin-fake": {
         **_COMMON,
@@ -105,6 +115,7 @@ def test_every_chart_variable_sets_a_flag(
         "KUBECONFIG",
         "POD_IP",
         "METRICS_ADDRESS",
+        "NODE_LABELS",
     ):
         monkeypatch.delenv(key, raising=False)
     (ds,) = [m.obj for m in rc.render(VALUE_SETS[name]) if m.obj["kind"] == "DaemonSet"]
