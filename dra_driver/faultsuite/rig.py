@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -148,10 +150,11 @@ def audit(
     records: dict[str, dict[str, Any]] = {}
     result = Audit(prepared=set())
     for path in sorted(claims_dir.glob("*.json")) if claims_dir.is_dir() else []:
-        try:
-            records[path.stem] = json.loads(path.read_bytes())
-        except ValueError as exc:
-            result.problems.append(f"unreadable record {path.name}: {exc}")
+        record = _json_file(path)
+        if isinstance(record, dict):
+            records[path.stem] = record
+        else:
+            result.problems.append(f"unreadable record {path.name}")
     cdi = where.cdi_root
     names = sorted(p.name for p in cdi.iterdir()) if cdi.is_dir() else []
     specs = {n[len(SPEC_PREFIX) : -len(".json")] for n in names if n.startswith(SPEC_PREFIX)}
@@ -162,8 +165,8 @@ def audit(
             result.problems.append(f"record {uid} is {record.get('state')} after recovery")
         elif uid not in specs:
             result.problems.append(f"record {uid} has no CDI spec")
-        elif json.loads((cdi / f"{SPEC_PREFIX}{uid}.json").read_bytes()) != record["cdiSpec"]:
-            result.problems.append(f"CDI spec of {uid} differs from its record")
+        elif _json_file(cdi / f"{SPEC_PREFIX}{uid}.json") != record["cdiSpec"]:
+            result.problems.append(f"CDI spec of {uid} differs from its record (or is unreadable)")
         else:
             result.prepared.add(uid)
     for uid, prepared in (told or {}).items():
@@ -201,3 +204,20 @@ def _sharing_drift(
                 f"{gpu.name} time-slice {have}, prepared claims want {wanted.get(gpu.uuid, 0)}"
             )
     return problems
+
+
+def _json_file(path: Path) -> Any:
+    """A regular file's JSON (never blocking on a FIFO); None when it is not that."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return json.loads(file.read())
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
