@@ -307,11 +307,16 @@ class Publisher:
                 )
                 opened = True
                 self._tell(self._on_watch, True)
-                for event in events:
-                    if self._stop.is_set():
-                        return
-                    if not self._handle(event):
-                        break
+                try:
+                    for event in events:
+                        if self._stop.is_set():
+                            return
+                        if not self._handle(event):
+                            break
+                finally:  # a generator left open could hold what the API holds for it
+                    close = getattr(events, "close", None)
+                    if close is not None:
+                        close()
                 if time.monotonic() - began < min(1.0, self._watch_timeout_s / 2):
                     self._stop.wait(failures.next_delay())  # a server ending watches at once
                 else:
