@@ -29,9 +29,10 @@ import structlog
 from dra_driver import health_server, logs
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import backend as devices_backend
-from dra_driver.devices import control, health, model, nvml
+from dra_driver.devices import control, fake, health, migcontrol, migprofiles, model, nvml
 from dra_driver.driver import cdi, checkpoint, driverfiles, instances, inventory, sharing, state
 from dra_driver.driver import driver as driver_mod
+from dra_driver.driver import mig as mig_mod
 from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.slices import build, publisher
@@ -57,6 +58,7 @@ class PluginSettings:
     serial: bool = False
     cleanup_interval_s: float = 60.0
     publish: bool = True
+    dynamic_mig: str = migprofiles.NONE  # none | all | product-name regex (--dynamic-mig)
 
     @property
     def plugin_dir(self) -> Path:
@@ -81,6 +83,15 @@ class PluginSettings:
     @property
     def lock_dir(self) -> Path:
         return self.plugin_dir / "locks"
+
+    @property
+    def dynamic(self) -> migprofiles.DynamicMig:
+        return migprofiles.DynamicMig.parse(self.dynamic_mig)
+
+    @property
+    def fake_mig_state(self) -> Path:
+        """Fake nodes: where the NVML stand-in keeps MIG instances (they outlive the agent)."""
+        return self.plugin_dir / "fake-mig-state.json"
 
     @property
     def _short_id(self) -> str:
@@ -118,10 +129,12 @@ def build_driver(
     log: structlog.typing.FilteringBoundLogger,
     gpu_control: control.GpuControl | None = None,
     metrics: metrics_mod.DriverMetrics | None = None,
+    mig_control: migcontrol.MigControl | None = None,
 ) -> driver_mod.Driver:
     """The driver core for ``devices``, with its checkpoint recovered (usable without gRPC).
 
-    ``gpu_control`` (for tests) replaces the one :func:`gpu_control_for` picks."""
+    ``gpu_control`` (for tests) replaces the one :func:`gpu_control_for` picks; ``mig_control``
+    (:func:`mig_control_for`) creates and destroys dynamic MIG instances."""
     mig_minors = None if settings.fake else inventory.read_mig_minors()
     files = driverfiles.discover(settings.driver_root, mount=settings.driver_root_mount)
     if not files:
@@ -145,11 +158,12 @@ def build_driver(
         boot_id=checkpoint.read_boot_id(settings.boot_id_file),
         log=log,
     )
+    preparable = inventory.build(devices, mig_minors=mig_minors, dynamic=settings.dynamic)
     claim_state = state.ClaimState(
         api=api,
         driver_name=settings.driver_name,
         pool_name=settings.node_name,
-        devices=inventory.build(devices, mig_minors=mig_minors),
+        devices=preparable,
         specs=specs,
         store=store,
         log=log,
@@ -157,6 +171,7 @@ def build_driver(
             gpu_control=gpu_control or gpu_control_for(settings, devices=devices, files=files),
             log=log,
         ),
+        mig_instances=mig_mod.MigInstances(control=mig_control, devices=preparable, log=log),
     )
     if locks is None:
         claim_state.recover()
@@ -197,6 +212,19 @@ def gpu_control_for(
     )
 
 
+def mig_control_for(
+    settings: PluginSettings, backend: devices_backend.Backend
+) -> migcontrol.MigControl | None:
+    """MIG control over the backend's NVML (the stand-in for fake nodes, with its state file);
+    None when no GPU is dynamic (the agent then never changes a MIG layout)."""
+    if not settings.dynamic.enabled:
+        return None
+    if isinstance(backend, fake.FakeBackend):
+        backend.nvml.mig_state.use_file(settings.fake_mig_state)
+        return migcontrol.NvmlMigControl(nvml_api=backend.nvml)
+    return migcontrol.NvmlMigControl(nvml_api=nvml.real_module())
+
+
 def start_publisher(
     settings: PluginSettings,
     *,
@@ -216,6 +244,7 @@ def start_publisher(
         node_name=settings.node_name,
         log=log.bind(component="publisher"),
         on_pass=on_pass,
+        dynamic_mig=settings.dynamic,
     )
 
 
@@ -238,14 +267,21 @@ def run(
     log = log.bind(driver=settings.driver_name, node=settings.node_name)
     metrics = metrics or metrics_mod.new()
     readiness = readiness or new_readiness(settings)
+    mig_control = mig_control_for(settings, backend)  # before discovery: fake MIG state file
     try:
         devices = backend.discover()
     except devices_backend.DiscoveryError as exc:
         metrics.nvml_error("discover")
         raise StartupError(f"cannot discover GPUs: {exc}") from exc
-    log.info("discovered devices", gpus=len(devices.gpus))
+    log.info(
+        "discovered devices",
+        gpus=len(devices.gpus),
+        dynamic_mig=[g.name for g in settings.dynamic.dynamic_gpus(devices.gpus)],
+    )
     try:
-        driver = build_driver(settings, devices=devices, api=api, log=log, metrics=metrics)
+        driver = build_driver(
+            settings, devices=devices, api=api, log=log, metrics=metrics, mig_control=mig_control
+        )
     except OSError as exc:
         raise StartupError(f"cannot set up the plugin's files: {exc}") from exc
 

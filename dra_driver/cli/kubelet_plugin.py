@@ -103,6 +103,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="where this process sees the host's root for /dev/nvidia* checks, e.g. /host "
         "(env DEV_ROOT; default /)",
     )
+    common.add_dynamic_mig_flag(parser)
     common.add_backend_flags(parser)
     health_server.add_flags(parser)
     parser.set_defaults(handler=run)
@@ -111,6 +112,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def settings_from(args: argparse.Namespace) -> app.PluginSettings:
     if not args.node_name:
         raise common.UsageError("--node-name (or NODE_NAME) is required")
+    common.dynamic_mig(args)  # a bad value is a usage error, before anything starts
     if args.pod_uid and not checkpoint.valid_uid(args.pod_uid):
         raise common.UsageError(
             f"--pod-uid {args.pod_uid!r}: not a pod UID (letters, digits and '-' only)"
@@ -131,6 +133,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         serial=args.serial,
         cleanup_interval_s=args.cleanup_interval,
         publish=not args.no_publish,
+        dynamic_mig=args.dynamic_mig,
     )
 
 

@@ -89,9 +89,14 @@ class MigState:
         self._lock = threading.RLock()
 
     def use_file(self, path: Path) -> None:
-        """Keep the state in ``path`` from now on (created from the initial state if absent)."""
+        """Keep the state in ``path`` from now on; written from the current state if absent
+        (a card has a MIG layout from the start)."""
         with self._lock:
+            current = self._load()
             self.state_file = path
+            with self._file_lock(shared=False):
+                if not path.exists():
+                    self._store(current)
 
     def read(self) -> dict[str, GpuMig]:
         """A copy of the current state."""

@@ -5,7 +5,9 @@ names, the attribute schema (docs/attributes.md), the NVLink/NUMA topology attri
 topology-aware claims possible, and how a pool is split over slices within the API limits.
 Same hardware in, byte-identical slices out (devices sorted, maps built in a fixed order), so a
 restart changes nothing and the publisher writes nothing. A device that would break an API rule
-is left out and reported, so one bad device never hides the others.
+is left out and reported, so one bad device never hides the others. GPUs handed to dynamic MIG
+are published as partitionable devices with shared counters (:mod:`dra_driver.slices.migslices`);
+their counter sets go in slices of their own, after the device slices.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import hashlib
 from typing import Any
 
 from dra_driver.apimachinery import semver
-from dra_driver.devices import model, topology
-from dra_driver.slices import validate
+from dra_driver.devices import migprofiles, model, topology
+from dra_driver.slices import migslices, validate
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -48,10 +50,12 @@ def build(
     driver_name: str = DEFAULT_DRIVER_NAME,
     node_uid: str | None = None,
     generation: int = 1,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
 ) -> Build:
     """The complete desired set of ResourceSlices for ``node_name``: one pool named after it.
 
-    Raises :class:`BuildError` when the node or driver name itself breaks an API rule.
+    ``dynamic_mig`` says which MIG-capable GPUs are published as partitionable devices. Raises
+    :class:`BuildError` when the node or driver name itself breaks an API rule.
     """
     empty = validate.validate(_slice(node_name, driver_name, [], 0, 1, generation, node_uid))
     if empty:
@@ -60,7 +64,7 @@ def build(
             f"{driver_name!r}: " + "; ".join(str(e) for e in empty)
         )
     problems: list[str] = []
-    entries = device_entries(devices, problems)
+    entries = device_entries(devices, problems, dynamic_mig=dynamic_mig)
     kept: list[Obj] = []
     for device in entries:
         errors = validate.validate(_slice(node_name, driver_name, [device], 0, 1, generation, None))
@@ -71,12 +75,26 @@ def build(
             )
         else:
             kept.append(device)
-    chunks = split(kept)
+    chunks: list[tuple[str, list[Obj]]] = [("devices", c) for c in split(kept)]
+    counter_sets = [
+        migslices.counter_set(g, _quantity)
+        for g in _sorted_gpus(dynamic_mig.dynamic_gpus(devices.gpus))
+    ]
+    for start in range(0, len(counter_sets), validate.MAX_COUNTER_SETS):
+        chunks.append(("sharedCounters", counter_sets[start : start + validate.MAX_COUNTER_SETS]))
     slices = [
-        _slice(node_name, driver_name, chunk, i, len(chunks), generation, node_uid)
-        for i, chunk in enumerate(chunks)
+        _slice(node_name, driver_name, chunk, i, len(chunks), generation, node_uid, field=field)
+        for i, (field, chunk) in enumerate(chunks)
     ]
     return Build(slices=slices, problems=problems)
+
+
+def _sorted_gpus(gpus: list[model.Gpu]) -> list[model.Gpu]:
+    return sorted(gpus, key=lambda g: (g.minor, g.index))
+
+
+def _quantity(counter: str, value: int) -> str:
+    return bytes_quantity(value) if counter == migslices.MEMORY else count_quantity(value)
 
 
 def split(devices: list[Obj]) -> list[list[Obj]]:
@@ -106,12 +124,34 @@ def slice_name(node_name: str, driver_name: str, index: int) -> str:
     return f"{node_name[:200].rstrip('-.')}-{digest}-{index}"
 
 
-def device_entries(devices: model.NodeDevices, problems: list[str] | None = None) -> list[Obj]:
-    """The ``spec.devices`` entries of the pool, sorted by GPU minor, MIG placement."""
+def device_entries(
+    devices: model.NodeDevices,
+    problems: list[str] | None = None,
+    *,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
+) -> list[Obj]:
+    """The ``spec.devices`` entries of the pool, sorted by GPU minor, MIG placement. A dynamic
+    MIG GPU gives its full GPU and then every placement, in NVML's profile order."""
     problems = problems if problems is not None else []
     topo = topology.build(devices)
     out: list[Obj] = []
-    for gpu in sorted(devices.gpus, key=lambda g: (g.minor, g.index)):
+    for gpu in _sorted_gpus(list(devices.gpus)):
+        if dynamic_mig.selects(gpu):
+            full = _gpu_device(gpu, topo, problems)
+            full["consumesCounters"] = migslices.full_gpu_consumes(gpu, _quantity)
+            out.append(full)
+            shared: Obj = {}
+            _common(gpu, shared, [], gpu.name)
+            out += [
+                migslices.placement_device(place, shared, _quantity)
+                for place in migprofiles.placements(gpu)
+            ]
+            continue
+        if dynamic_mig.wants(gpu) and dynamic_mig.spec != migprofiles.ALL:
+            problems.append(
+                f"GPU {gpu.name} ({gpu.product_name}) matches --dynamic-mig {dynamic_mig.spec!r} "
+                "but NVML lists no MIG profile placements for it; published as it is"
+            )
         if gpu.mig_enabled:
             for mig in sorted(gpu.mig_devices, key=lambda m: (m.placement_start, m.uuid)):
                 out.append(_mig_device(gpu, mig, problems))
@@ -216,6 +256,8 @@ def _slice(
     count: int,
     generation: int,
     node_uid: str | None,
+    *,
+    field: str = "devices",
 ) -> Obj:
     metadata: Obj = {"name": slice_name(node_name, driver_name, index)}
     if node_uid is not None:
@@ -236,6 +278,6 @@ def _slice(
             "driver": driver_name,
             "nodeName": node_name,
             "pool": {"name": node_name, "generation": generation, "resourceSliceCount": count},
-            "devices": devices,
+            field: devices,
         },
     }
