@@ -121,8 +121,12 @@ def _story(s: _Scene) -> None:
         ("too-big", f'device.attributes["{rig.driver_name}"].profile == "4g.40gb"'),
         ("whole-gpu", f'device.attributes["{rig.driver_name}"].type == "gpu"'),
     ):
-        outcome = _allocate(s, slices, name, selector, klass="gpu" if name == "whole-gpu" else "mig")
-        report.check(outcome.allocation is None, f"claim {name} on {s.gpu.name} cannot be allocated")
+        outcome = _allocate(
+            s, slices, name, selector, klass="gpu" if name == "whole-gpu" else "mig"
+        )
+        report.check(
+            outcome.allocation is None, f"claim {name} on {s.gpu.name} cannot be allocated"
+        )
         report.block(simulator.render(outcome, node_name=rig.node_name), indent="    ")
 
     report.section("The pods finish: unprepare destroys the instances")
@@ -136,13 +140,17 @@ def _story(s: _Scene) -> None:
     s.used.clear()
 
     report.section("The full GPU is free again: preparing it turns MIG mode off")
-    outcome = _allocate(s, slices, "whole", f'device.attributes["{rig.driver_name}"].type == "gpu"', klass="gpu")
+    outcome = _allocate(
+        s, slices, "whole", f'device.attributes["{rig.driver_name}"].type == "gpu"', klass="gpu"
+    )
     ok = outcome.allocation is not None
     report.check(ok, f"claim whole allocated: {_devices(outcome)}")
     if ok:
         ref = _put_allocated(s, "whole", outcome)
         error = s.kubelet.prepare([ref]).claims[ref.uid].error
-        report.check(not error, f"whole prepared{f': {error}' if error else ''}; MIG mode {s.mig_mode()}")
+        report.check(
+            not error, f"whole prepared{f': {error}' if error else ''}; MIG mode {s.mig_mode()}"
+        )
         report.check(s.mig_mode() == "off", f"{s.gpu.name}: MIG mode switched off for the full GPU")
         report.check(not s.kubelet.unprepare([ref]).claims[ref.uid].error, "whole unprepared")
 
@@ -152,18 +160,25 @@ def _claim_and_prepare(
 ) -> claims.ClaimRef | None:
     selector = f'device.attributes["{s.rig.driver_name}"].profile == "{profile}"'
     outcome = _allocate(s, slices, name, selector, klass="mig")
-    if not s.report.check(outcome.allocation is not None, f"{name} ({profile}): allocated {_devices(outcome)}"):
+    if not s.report.check(
+        outcome.allocation is not None, f"{name} ({profile}): allocated {_devices(outcome)}"
+    ):
         s.report.block(simulator.render(outcome, node_name=s.rig.node_name), indent="    ")
         return None
     ref = _put_allocated(s, name, outcome)
     answer = s.kubelet.prepare([ref]).claims[ref.uid]
-    if not s.report.check(not answer.error, f"{name}: prepared{f' — {answer.error}' if answer.error else ''}"):
+    if not s.report.check(
+        not answer.error, f"{name}: prepared{f' — {answer.error}' if answer.error else ''}"
+    ):
         return None
     spec_path = s.rig.spec_file(ref.uid)
     env = json.loads(spec_path.read_text())["containerEdits"]["env"] if spec_path else []
     visible = next((e for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")), "")
     s.report.say(f"      GPU instances now: {s.instances()}; CDI spec: {visible}")
-    s.report.check(visible.startswith("NVIDIA_VISIBLE_DEVICES=MIG-"), f"{name}: the container gets the new MIG device")
+    s.report.check(
+        visible.startswith("NVIDIA_VISIBLE_DEVICES=MIG-"),
+        f"{name}: the container gets the new MIG device",
+    )
     return ref
 
 

@@ -91,7 +91,9 @@ def test_a_full_gpu_handed_out_as_three_claims_one_after_the_other(mig_node: Nod
 def test_overlapping_placements_and_the_full_gpu_are_refused_per_claim(mig_node: Node) -> None:
     first, error = prepare(mig_node, "gpu-0-mig-3g-40gb-4", name="first")
     assert error == ""
-    overlap = mig_node.add(claim_obj(name="overlap", uid=new_uid(), devices=["gpu-0-mig-1g-10gb-5"]))
+    overlap = mig_node.add(
+        claim_obj(name="overlap", uid=new_uid(), devices=["gpu-0-mig-1g-10gb-5"])
+    )
     whole = mig_node.add(claim_obj(name="whole", uid=new_uid(), devices=["gpu-0"]))
     fine = mig_node.add(claim_obj(name="fine", uid=new_uid(), devices=["gpu-0-mig-1g-10gb-0"]))
     results = mig_node.driver.prepare([overlap, whole, fine])
@@ -108,7 +110,7 @@ def test_the_full_gpu_of_a_gpu_in_mig_mode_gets_mig_mode_switched_off(mig_node: 
     ref, error = prepare(mig_node, "gpu-1")
     assert error == ""
     assert mode(mig_node, GPU1.uuid) == nvml.NVML_DEVICE_MIG_DISABLE
-    other, error = prepare(mig_node, "gpu-1-mig-1g-10gb-0", name="other")
+    _, error = prepare(mig_node, "gpu-1-mig-1g-10gb-0", name="other")
     assert "memory slice 0 is already prepared for claim uid " + ref.uid in error
     assert mig_node.driver.unprepare([ref]) == {ref.uid: ""}
     _, error = prepare(mig_node, "gpu-1-mig-1g-10gb-0", name="later")
@@ -198,8 +200,8 @@ def test_admin_access_to_a_placement_is_a_clear_error(mig_node: Node) -> None:
 
 def test_without_dynamic_mig_no_gpu_is_touched(node_factory: Callable[..., Node]) -> None:
     node = node_factory(PROFILE)
-    ref, error = prepare(node, "gpu-0-mig-1g-10gb-0")
+    _, error = prepare(node, "gpu-0-mig-1g-10gb-0")
     assert "is not a device of this node" in error
-    ref, error = prepare(node, "gpu-1", name="whole")
+    _, error = prepare(node, "gpu-1", name="whole")
     assert error == ""
     assert not node.settings.fake_mig_state.exists()
