@@ -287,7 +287,7 @@ def run(
 
     streams = health_service.HealthStreams(
         pool_name=settings.node_name,
-        devices=health.device_keys(devices),
+        devices=health_keys(devices, settings.dynamic),
         source=health_source or health.HealthBoard(),
         log=log.bind(component="health"),
     )
@@ -340,6 +340,19 @@ def run(
         driver.close()
     log.info("stopped")
     return 0
+
+
+def health_keys(
+    devices: model.NodeDevices, dynamic: migprofiles.DynamicMig
+) -> dict[str, tuple[str, ...]]:
+    """Every published device → the UUIDs whose failure makes it unhealthy; a dynamic MIG
+    placement follows its GPU (the instance, if any, lives and dies with it)."""
+    keys = health.device_keys(devices)
+    for gpu in dynamic.dynamic_gpus(devices.gpus):
+        for mig in gpu.mig_devices:
+            keys.pop(model.mig_device_name(gpu, mig), None)
+        keys.update({p.name: (gpu.uuid,) for p in migprofiles.placements(gpu)})
+    return keys
 
 
 def _published(
