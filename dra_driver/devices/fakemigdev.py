@@ -159,14 +159,22 @@ class FakeMigDevices(fakemig.FakeMigFunctions):
 
     # ---- MIG devices (discovery) ---------------------------------------------------------------
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:
-        dev, table = self._capable("nvmlDeviceGetMaxMigDeviceCount", handle)
+    def _mig_mode_on(self, name: str, handle: object) -> tuple[Any, migstate.GpuMig]:
+        """The GPU and its state; NotSupported while MIG mode is off (no MIG devices to walk)."""
+        dev, _ = self._capable(name, handle)
         gpu = self._state_of(self.mig_state.read(), dev.pos)
-        return max(7, max(r.slices for r in table), len(self._mig_devices(gpu)))
+        if gpu.mode != nvml.NVML_DEVICE_MIG_ENABLE:
+            raise nvml.NVMLError_NotSupported()
+        return dev, gpu
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:
+        dev, gpu = self._mig_mode_on("nvmlDeviceGetMaxMigDeviceCount", handle)
+        table = self._mig_tables[dev.pos] or ()
+        return max(7, *(r.slices for r in table), len(self._mig_devices(gpu)))
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int) -> MigHandle:
-        dev, _ = self._capable("nvmlDeviceGetMigDeviceHandleByIndex", handle)
-        devices = self._mig_devices(self._state_of(self.mig_state.read(), dev.pos))
+        dev, gpu = self._mig_mode_on("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        devices = self._mig_devices(gpu)
         if not 0 <= index < len(devices):
             raise nvml.NVMLError_NotFound()
         gi, ci = devices[index]

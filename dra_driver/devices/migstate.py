@@ -183,8 +183,9 @@ class MigState:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Initial:
-    """Per GPU position: its profile table (None: not MIG-capable) and whether the table was made
-    up from listed instances; by GPU UUID: the MIG state it starts in."""
+    """Per GPU position: its profile table (None: not MIG-capable; empty: capable, profiles
+    unknown) and whether the table was made up from listed instances; by GPU UUID: the MIG state
+    it starts in."""
 
     tables: list[tuple[migtables.TableProfile, ...] | None]
     derived: list[bool]
@@ -204,6 +205,8 @@ def initial(profile: profiles.Profile) -> Initial:
         derived = table is None and gpu.mig is not None
         if derived:
             table = _derived_table(specs)
+        elif table is None and profile.mig_capable(pos):
+            table = ()  # MIG-capable, profiles unknown (``migCapable`` alone)
         tables.append(table)
         derived_flags.append(derived)
         if table is None:
