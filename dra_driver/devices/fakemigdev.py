@@ -169,8 +169,9 @@ class FakeMigDevices(fakemig.FakeMigFunctions):
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:
         dev, gpu = self._mig_mode_on("nvmlDeviceGetMaxMigDeviceCount", handle)
-        table = self._mig_tables[dev.pos] or ()
-        return max(7, *(r.slices for r in table), len(self._mig_devices(gpu)))
+        pos: int = dev.pos
+        slices = [r.slices for r in self._mig_tables[pos] or ()]
+        return max(7, *slices, len(self._mig_devices(gpu)))
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int) -> MigHandle:
         dev, gpu = self._mig_mode_on("nvmlDeviceGetMigDeviceHandleByIndex", handle)
