@@ -188,19 +188,25 @@ class FakeNvml(fakemigdev.FakeMigDevices):
         return dev.index if minor is None else minor
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> object:
+        """A GPU's handle, or a MIG device's (looked up in one snapshot of the MIG state)."""
         self._enter("nvmlDeviceGetHandleByUUID")
-        for pos in range(len(self.profile.gpus)):
-            dev = _Device(index=self.profile.gpu_index(pos), pos=pos)
-            if self.profile.gpu_uuid(pos) == uuid:
+        devices = [
+            _Device(index=self.profile.gpu_index(pos), pos=pos)
+            for pos in range(len(self.profile.gpus))
+        ]
+        for dev in devices:
+            if self.profile.gpu_uuid(dev.pos) == uuid:
                 self._enter("nvmlDeviceGetHandleByUUID", dev)
                 return dev
-            if self._mig_tables[pos] is None:
+        state = self.mig_state.read()
+        for dev in devices:
+            gpu = state.get(self.profile.gpu_uuid(dev.pos))
+            if gpu is None:
                 continue
-            gpu = self.mig_state.read()[self.profile.gpu_uuid(pos)]
             for slot, (gi, ci) in enumerate(self._mig_devices(gpu)):
-                handle = fakemig.MigHandle(parent=dev, slot=slot, gi=gi, ci=ci)
-                if self._mig_uuid(handle) == uuid:
-                    return handle
+                inst = self._find_gi(gpu, gi)
+                if any(c.id == ci and c.uuid == uuid for c in inst.computeInstances):
+                    return fakemig.MigHandle(parent=dev, slot=slot, gi=gi, ci=ci)
         raise nvml.NVMLError_NotFound()
 
     def nvmlDeviceGetUUID(self, handle: object) -> str:

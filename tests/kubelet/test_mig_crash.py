@@ -102,7 +102,7 @@ def test_sigkill_at_random_points_leaves_no_orphan_mig_instance(
     kills = 0
     outcome: dict[str, list[str]] = {"errors": [], "calls": [], "interrupted": []}
     started = time.monotonic()
-    while time.monotonic() - started < BUDGET_S:
+    while time.monotonic() - started < BUDGET_S or kills < 3:  # slow machines: 3 kills at least
         plugin = _plugin(short_dir, kubeconfig).start()
         plugin.wait_ready()
         kubelet = KubeletSim(plugin.registry_dir)
