@@ -8,6 +8,7 @@ pynvml) where real NVML would: NotSupported for NVLink on cards without it, fabr
 outside a multi-node fabric, a NUMA id the profile does not give, MIG on GPUs that are neither in
 MIG mode (``mig``) nor MIG-capable (``migCapable``).
 Tests inject failures: an init error, a failing GPU, a failing call, or any function replaced.
+Run-time GPU failures (NVML events, lost GPUs, ...) are the mixin :mod:`.fakefaults`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dra_driver.devices import fakemig, fakemigdev, nvml, profiles
+from dra_driver.devices import fakefaults, fakemig, fakemigdev, nvml, profiles
 
 Failure = Exception | type[Exception]
 _UNKNOWN_ARCH = 0xFFFFFFFF
@@ -52,7 +53,7 @@ def _reverse(names: Mapping[int, str], what: str, value: str, source: str) -> in
         ) from None
 
 
-class FakeNvml(fakemigdev.FakeMigDevices):
+class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth):
     """A pynvml look-alike for one profile; pass it to ``PynvmlBackend.create(nvml=...)``.
 
     ``init_error`` makes ``nvmlInit`` fail (e.g. ``nvml.NVMLError_LibraryNotFound``); ``fail``
@@ -78,6 +79,7 @@ class FakeNvml(fakemigdev.FakeMigDevices):
         self.fail_calls = dict(fail_calls or {})
         self._inits = 0
         self._pos = {profile.gpu_index(p): p for p in range(len(profile.gpus))}
+        self._init_health(len(profile.gpus))
         self._bus = [_nvml_bus_id(g.pci_bus_id) for g in profile.gpus]
         self._init_mig()
         if mig_state_file is not None:
@@ -122,6 +124,7 @@ class FakeNvml(fakemigdev.FakeMigDevices):
     def _enter(self, name: str, handle: object = None) -> None:
         if self._inits <= 0:
             raise nvml.NVMLError_Uninitialized()
+        handle = self._resolve(handle)
         index = None
         if isinstance(handle, _Device):
             index = handle.index
@@ -133,9 +136,19 @@ class FakeNvml(fakemigdev.FakeMigDevices):
             failure = self.fail_calls.get((index, name)) or self.fail.get(index)
             if failure is not None:
                 _raise(failure)
+            if index in self._pos:
+                self._check_lost(self._pos[index])
+
+    def _resolve(self, handle: object) -> object:
+        """An event's ``c_nvmlDevice_t`` → the GPU handle it stands for."""
+        pos = self._pointer_pos(handle)
+        if pos is None or not 0 <= pos < len(self.profile.gpus):
+            return handle
+        return _Device(index=self.profile.gpu_index(pos), pos=pos)
 
     def _device(self, name: str, handle: object) -> _Device:
         self._enter(name, handle)
+        handle = self._resolve(handle)
         if not isinstance(handle, _Device):
             raise nvml.NVMLError_InvalidArgument()
         return handle
@@ -187,29 +200,27 @@ class FakeNvml(fakemigdev.FakeMigDevices):
         minor = self._spec(dev).minor
         return dev.index if minor is None else minor
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> object:
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> object:
         """A GPU's handle, or a MIG device's (looked up in one snapshot of the MIG state)."""
         self._enter("nvmlDeviceGetHandleByUUID")
-        devices = [
-            _Device(index=self.profile.gpu_index(pos), pos=pos)
-            for pos in range(len(self.profile.gpus))
-        ]
-        for dev in devices:
-            if self.profile.gpu_uuid(dev.pos) == uuid:
-                self._enter("nvmlDeviceGetHandleByUUID", dev)
-                return dev
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for pos in range(len(self.profile.gpus)):
+            if self.profile.gpu_uuid(pos) == wanted:
+                return self.nvmlDeviceGetHandleByIndex(self.profile.gpu_index(pos))
         state = self.mig_state.read()
-        for dev in devices:
-            gpu = state.get(self.profile.gpu_uuid(dev.pos))
+        for pos in range(len(self.profile.gpus)):
+            gpu = state.get(self.profile.gpu_uuid(pos))
             if gpu is None:
                 continue
             for slot, (gi, ci) in enumerate(self._mig_devices(gpu)):
                 inst = self._find_gi(gpu, gi)
-                if any(c.id == ci and c.uuid == uuid for c in inst.computeInstances):
+                if any(c.id == ci and c.uuid == wanted for c in inst.computeInstances):
+                    dev = self.nvmlDeviceGetHandleByIndex(self.profile.gpu_index(pos))
                     return fakemig.MigHandle(parent=dev, slot=slot, gi=gi, ci=ci)
         raise nvml.NVMLError_NotFound()
 
     def nvmlDeviceGetUUID(self, handle: object) -> str:
+        handle = self._resolve(handle)
         if isinstance(handle, fakemig.MigHandle):
             return self._mig_uuid(handle)
         return self.profile.gpu_uuid(self._device("nvmlDeviceGetUUID", handle).pos)
@@ -273,6 +284,7 @@ class FakeNvml(fakemigdev.FakeMigDevices):
         target.status = nvml.NVML_SUCCESS
         target.cliqueId = fabric.clique_id
         target.state = _reverse(nvml.FABRIC_STATES, "fabric state", fabric.state, "")
+        self._fabric_health(dev.pos, target)
         return nvml.NVML_SUCCESS
 
     def nvmlDeviceGetTopologyCommonAncestor(self, handle1: object, handle2: object) -> int:
