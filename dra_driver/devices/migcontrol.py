@@ -50,6 +50,8 @@ class Placement:
     size: int
 
     def describe(self) -> str:
+        if self.size == 1:
+            return f"{self.profile} at memory slice {self.start}"
         return f"{self.profile} at memory slices {self.start}-{self.start + self.size - 1}"
 
 

@@ -113,8 +113,3 @@ def whole(gpu: model.Gpu) -> model.MigProfile | None:
         p for p in gpu.mig_profiles if any(n == memory_slices(gpu) for _, n in p.placements)
     ]
     return max(spanning, key=lambda p: (p.slices, p.memory_bytes), default=None)
-
-
-def by_name(gpus: Iterable[model.Gpu], dynamic: DynamicMig) -> dict[str, Placement]:
-    """Published placement device name → placement, over the dynamic GPUs."""
-    return {p.name: p for g in dynamic.dynamic_gpus(gpus) for p in placements(g)}

@@ -65,10 +65,6 @@ class MigInstances:
             d.uuid for d in devices.devices.values() if d.kind == "gpu" and d.dynamic
         )
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self._dynamic_gpus)
-
     # ---- planning ------------------------------------------------------------------------------
 
     def intents(
