@@ -264,6 +264,12 @@ class ClaimState:
                 )
             cfg = config.effective(dev.configs, ref=ref)
             planned.append(cdi.Planned(device=known, request=dev.request_name, config=cfg))
+        clashes = inventory.overlaps([(p.device.name, p.device) for p in planned])
+        if clashes:
+            raise claims.ClaimError(
+                f"{ref}: refusing a claim whose devices overlap in physical GPUs: "
+                + "; ".join(clashes)
+            )
         return planned
 
     def _record(
