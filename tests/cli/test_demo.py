@@ -25,7 +25,9 @@ def test_demo_default_profile_runs_green() -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "fake profile 'dgx-h100'" in out
-    assert "published 1 ResourceSlice(s) with 8 device(s)" in out
+    # A slice of per-GPU counters; the 8 GPUs and 83 GPU sets in two slices of up to 64.
+    assert "published 3 ResourceSlice(s) with 91 device(s)" in out
+    assert "... and 55 GPU-set devices (docs/topology.md): gpus-2-3, " in out
     assert "[FAILED]" not in out
     # Every example but the one that cannot fit is prepared and unprepared.
     for example in (

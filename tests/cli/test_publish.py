@@ -47,9 +47,12 @@ def test_once_publishes_then_writes_nothing(
         command(kubeconfig, "--once"), capture_output=True, text=True, timeout=60, check=False
     )
     assert first.returncode == 0, first.stderr
-    (obj,) = server.api.all_resource_slices()
-    assert obj["metadata"]["ownerReferences"][0]["uid"] == "uid-n1"
-    assert len(obj["spec"]["devices"]) == 8
+    stored = sorted(server.api.all_resource_slices(), key=lambda s: s["metadata"]["name"])
+    assert all(obj["metadata"]["ownerReferences"][0]["uid"] == "uid-n1" for obj in stored)
+    # A slice of per-GPU counters, then the 8 GPUs and the 83 GPU sets of a DGX H100.
+    assert "sharedCounters" in stored[0]["spec"]
+    devices = [d["name"] for obj in stored[1:] for d in obj["spec"]["devices"]]
+    assert devices[:8] == [f"gpu-{i}" for i in range(8)] and len(devices) == 8 + 83
     server.api.reset_calls()
     again = subprocess.run(
         command(kubeconfig, "--once"), capture_output=True, text=True, timeout=60, check=False

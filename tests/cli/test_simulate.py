@@ -120,7 +120,10 @@ def test_pod_less_file_with_claim_class_and_slices(
     # The same devices, now in use by another claim, leave too few.
     used = write(tmp_path / "used.yaml", yaml.safe_load(out)["devices"])
     code, out, _ = main(capsys, path, "--allocated", used)
-    assert code == 1 and "1 of 4 usable" in out
+    # A class selecting by product alone also selects the GPU sets of uniform product (classes
+    # should select a type, as the shipped ones do); the sets are blocked by the used GPUs.
+    assert code == 1 and "1 of 7 usable" in out
+    assert "gpus-0-1, gpus-2-3, gpus-0-1-2: uses a GPU that an allocated device holds" in out
 
 
 def test_slices_flag_and_node_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
