@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TypeVar
 
 from dra_driver.devices import topology as topo_mod
@@ -337,57 +337,3 @@ class _Search:
             if self.aborted:
                 return
         self._dfs(pos + 1, cur, gain, r)
-
-
-def brute_force(
-    weights: Weights,
-    candidates: Sequence[int],
-    k: int,
-    *,
-    must: Sequence[int] = (),
-    feasible: Feasible | None = None,
-) -> Placement | None:
-    """Reference answer by trying every combination (same tie-breaking as :func:`best_subset`)."""
-    cands = [c for c in dict.fromkeys(candidates) if c not in set(must)]
-    best: tuple[int, ...] | None = None
-    best_score = -1
-    count = 0
-    for combo in itertools.combinations(cands, k):
-        count += 1
-        if feasible is not None and not feasible(combo):
-            continue
-        s = weights.packed((*must, *combo))
-        if s > best_score:
-            best, best_score = combo, s
-    if best is None:
-        return None
-    return Placement(best, weights.unpack(best_score), True, count)
-
-
-def first_fit(candidates: Sequence[int], k: int) -> tuple[int, ...] | None:
-    """What a topology-blind allocator takes: the first ``k`` candidates."""
-    return tuple(candidates[:k]) if len(candidates) >= k else None
-
-
-def choose_gpus(
-    topo: topo_mod.Topology,
-    available: Sequence[int],
-    size: int,
-    *,
-    must: Sequence[int] = (),
-) -> list[int] | None:
-    """Best ``size`` GPU indices (``must`` included) out of ``available``, for the device plugin.
-
-    ``None`` when fewer than ``size`` GPUs are available.
-    """
-    indices = sorted(set(available) | set(must))
-    pos: Mapping[int, int] = {gpu: i for i, gpu in enumerate(indices)}
-    weights = Weights.from_topology(topo, indices)
-    forced = sorted({pos[g] for g in must})
-    if len(forced) > size:
-        return None
-    cands = [pos[g] for g in sorted(set(available)) if g not in set(must)]
-    result = best_subset(weights, cands, size - len(forced), must=forced)
-    if result is None:
-        return None
-    return sorted(indices[i] for i in (*forced, *result.items))
