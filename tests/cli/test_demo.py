@@ -46,6 +46,24 @@ def test_demo_default_profile_runs_green() -> None:
     assert out.rstrip().endswith("demo OK: every step did what it must.")
 
 
+def test_topology_scene_shows_the_plain_and_the_generated_claim() -> None:
+    out = io.StringIO()
+    code = demo.run(
+        backend=fake.FakeBackend.from_name("pcie-l4"),  # ignored: the scene brings its DGX-1
+        node_name="n1",
+        driver_name="gpu.nvidia.com",
+        out=out,
+        scenes=["topology"],
+    )
+    text = out.getvalue()
+    assert code == 0, text[-3000:]
+    assert "kube-scheduler allocates: gpu-1, gpu-2, gpu-3, gpu-4\n" in text
+    assert "5 NVLink links between them; the best 4 free GPUs (gpu-4, gpu-5, gpu-6, gpu-7)" in text
+    assert "kube-scheduler allocates: gpus-4-5-6-7 = gpu-4, gpu-5, gpu-6, gpu-7" in text
+    assert "[ok] CDI device nodes: /dev/nvidia4, /dev/nvidia5, /dev/nvidia6, /dev/nvidia7" in text
+    assert "gpus-4-5 and gpu-5 both use GPU gpu-5" in text
+
+
 def test_demo_on_mig_profile_prepares_a_mig_device() -> None:
     out = io.StringIO()
     code = demo.run(
