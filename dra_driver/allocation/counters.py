@@ -18,6 +18,7 @@ Values are held as integer nano-units (exact, like Go's ``resource.Quantity``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -37,9 +38,14 @@ def _nanos(value: Any, where: str) -> int:
     if not isinstance(text, str):
         raise CounterError(f"{where}: value must be a quantity string")
     try:
-        return qty.parse_quantity(text).nanos
+        return _parse(text)
     except qty.QuantityError as err:
         raise CounterError(f"{where}: {err}") from err
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(text: str) -> int:
+    return qty.parse_quantity(text).nanos
 
 
 def counter_sets(specs: Iterable[Mapping[str, Any]]) -> CounterSets:
