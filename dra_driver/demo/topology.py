@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ def scene(
 def _story(
     report: Report, rig: rigging.Rig, slices: list[dict[str, Any]], devices: model.NodeDevices
 ) -> None:
-    api, node_name = rig.api, rig.node_name
+    node_name = rig.node_name
     classes = simulator.builtin_classes(driver_name=rig.driver_name)
     names = {g.uuid: g.name for g in devices.gpus}
     busy = (rig.driver_name, node_name, "gpu-0")
@@ -116,10 +117,10 @@ def _story(
         kubelet.close()
 
 
-def _put(rig: rigging.Rig, obj: dict[str, Any], allocation: dict[str, Any]) -> claims.ClaimRef:
+def _put(rig: rigging.Rig, obj: dict[str, Any], allocation: Mapping[str, Any]) -> claims.ClaimRef:
     created = rig.api.create_resource_claim(rigging.claim_from([obj], name=obj["metadata"]["name"]))
     status = {
-        "allocation": allocation,
+        "allocation": dict(allocation),
         "reservedFor": [{"resource": "pods", "name": "trainer", "uid": str(uuid.uuid4())}],
     }
     stored = rig.api.put_resource_claim({**created, "status": status})
@@ -132,7 +133,7 @@ def _prepare(
     rig: rigging.Rig,
     kubelet: sim.KubeletSim,
     obj: dict[str, Any],
-    allocation: dict[str, Any],
+    allocation: Mapping[str, Any],
     devices: model.NodeDevices,
 ) -> None:
     report.section("Kubelet prepares the generated claim: the container gets exactly the set")
