@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
+from dra_driver.demo import health, topology, walkthrough
 from dra_driver.demo import report as reporting
-from dra_driver.demo import topology, walkthrough
 from dra_driver.devices import fake
 
 DEFAULT_PROFILE = "dgx-h100"
@@ -40,6 +40,7 @@ class Scene:
 # The core scene first; later scenes (topology, health, sharing, MIG) append themselves here.
 SCENES: tuple[Scene, ...] = (
     Scene("core", walkthrough.scene, own_profile=False),
+    Scene("health", health.scene, own_profile=True),
     Scene("topology", topology.scene, own_profile=True),
 )
 

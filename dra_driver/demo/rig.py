@@ -113,12 +113,17 @@ def stop_plugin(report: reporting.Report, plugin: sim.PluginProcess) -> None:
 def wait_for_slices(
     api: kube.KubeApi, *, driver_name: str, node_name: str, timeout_s: float = 15.0
 ) -> list[dict[str, Any]]:
-    """The node's slices once the whole pool is there (every slice its count announces)."""
+    """The node's slices once the whole pool is there: every slice its count announces, all of
+    one generation (not halfway through an update)."""
     deadline = time.monotonic() + timeout_s
     while True:
         slices, _ = api.list_resource_slices(driver=driver_name, node_name=node_name)
-        counts = {s["spec"]["pool"]["resourceSliceCount"] for s in slices}
-        if (slices and counts == {len(slices)}) or time.monotonic() > deadline:
+        pools = {
+            (s["spec"]["pool"]["resourceSliceCount"], s["spec"]["pool"]["generation"])
+            for s in slices
+        }
+        whole = len(pools) == 1 and next(iter(pools))[0] == len(slices)
+        if whole or time.monotonic() > deadline:
             return sorted(slices, key=lambda s: s["metadata"]["name"])
         time.sleep(0.05)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from dra_driver.apimachinery import semver
@@ -55,13 +56,17 @@ def build(
     node_uid: str | None = None,
     generation: int = 1,
     gpu_sets: bool = True,
+    decorate: Callable[[list[Obj]], None] | None = None,
 ) -> Build:
     """The complete desired set of ResourceSlices for ``node_name``: one pool named after it.
 
     ``gpu_sets=False`` leaves out the shared counters and GPU-set devices: one device per GPU
     or MIG device, as before the sets (for clusters without DRAPartitionableDevices, which
-    cannot allocate devices that consume counters). Raises :class:`BuildError` when the node
-    or driver name itself breaks an API rule.
+    cannot allocate devices that consume counters). ``decorate`` is a pass over all device
+    entries, GPU sets included, before they are checked and split into slices (e.g.
+    :func:`dra_driver.slices.taints.decorator` adds the taints of unhealthy GPUs; tainted
+    devices lower the per-slice limit, which the split honours). Raises :class:`BuildError`
+    when the node or driver name itself breaks an API rule.
     """
     empty = validate.validate(_slice(node_name, driver_name, [], 0, 1, generation, node_uid))
     if empty:
@@ -71,9 +76,12 @@ def build(
         )
     problems: list[str] = []
     kept = _valid(device_entries(devices, problems), node_name, driver_name, generation, problems)
-    singles = len(kept)
+    checked = len(kept)  # sets are only made of GPUs whose own device is valid
     counter_sets = gpusets.add(devices, kept, memory_text=bytes_quantity) if gpu_sets else []
-    kept[singles:] = _valid(kept[singles:], node_name, driver_name, generation, problems)
+    if decorate is not None:
+        decorate(kept)
+        checked = 0  # a pass may change any device
+    kept[checked:] = _valid(kept[checked:], node_name, driver_name, generation, problems)
     chunks: list[tuple[list[Obj], list[Obj]]] = [
         ([], counter_sets[i : i + validate.MAX_COUNTER_SETS])
         for i in range(0, len(counter_sets), validate.MAX_COUNTER_SETS)
