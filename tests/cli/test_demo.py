@@ -44,7 +44,7 @@ def test_demo_default_profile_runs_green() -> None:
     assert "allocated: gpu-" in out and "(request gpu/h100)" in out
     assert '"kind": "k8s.gpu.nvidia.com/claim"' in out
     # The health scene: a GPU fails, is tainted, and recovers.
-    assert "Scene 2 of 2: health" in out
+    assert "Scene 2 of 3: health" in out
     assert "key: gpu.nvidia.com/xid" in out and "effect: NoExecute" in out
     assert "[ok] discover shows gpu-0 Unhealthy (xid=79)" in out
     assert "[ok] an eight-GPU claim no longer fits:" in out
