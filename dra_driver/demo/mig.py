@@ -100,9 +100,12 @@ def _story(s: _Scene) -> None:
     mine = next(c for c in sets if c["name"] == f"gpu-{s.gpu.minor}-mig")
     counters = ", ".join(f"{k}={v['value']}" for k, v in mine["counters"].items())
     report.say(f"  counter set {mine['name']}: {counters}")
-    shown = next(d for d in devices if d["name"] == f"gpu-{s.gpu.minor}-mig-3g-40gb-4")
-    report.say(f"  {shown['name']} consumes:")
-    report.block(json.dumps(shown["consumesCounters"], indent=1), indent="    ")
+    for name in (f"gpu-{s.gpu.minor}", f"gpu-{s.gpu.minor}-mig-3g-40gb-4"):
+        shown = next(d for d in devices if d["name"] == name)
+        report.say(f"  {name} consumes:")
+        for use in shown["consumesCounters"]:
+            amounts = ", ".join(f"{k}={v['value']}" for k, v in use["counters"].items())
+            report.say(f"    {use['counterSet']}: {amounts}")
 
     report.section("Three claims arrive one after the other; each gets its instance")
     prepared: list[claims.ClaimRef] = []
@@ -121,13 +124,14 @@ def _story(s: _Scene) -> None:
         ("too-big", f'device.attributes["{rig.driver_name}"].profile == "4g.40gb"'),
         ("whole-gpu", f'device.attributes["{rig.driver_name}"].type == "gpu"'),
     ):
-        outcome = _allocate(
-            s, slices, name, selector, klass="gpu" if name == "whole-gpu" else "mig"
-        )
+        klass = "gpu" if name == "whole-gpu" else "mig"
+        outcome = _allocate(s, slices, name, selector, klass=klass)
         report.check(
             outcome.allocation is None, f"claim {name} on {s.gpu.name} cannot be allocated"
         )
-        report.block(simulator.render(outcome, node_name=rig.node_name), indent="    ")
+        why = [line.strip() for line in outcome.explanation if "compute slices" in line]
+        report.check(bool(why), "the simulator says why, in MIG terms:")
+        report.block("\n".join(why), indent="      ")
 
     report.section("The pods finish: unprepare destroys the instances")
     answer = s.kubelet.unprepare(prepared)

@@ -8,12 +8,14 @@ changes a GPU's MIG layout. :mod:`dra_driver.driver.state` calls it at fixed poi
 * :meth:`MigInstances.intents` before anything is touched: the instances a claim needs, recorded
   in the ``PrepareStarted`` checkpoint record *before* they are created (two-phase: whatever
   happens next, recovery knows what may exist).
-* :meth:`MigInstances.ownership_keys`: every memory slice a device covers (a full dynamic GPU
-  covers all of them) becomes an ownership key, so a placement overlapping another claim's, or
-  the full GPU while a MIG device of it is prepared (and the reverse), is refused per claim.
-* :meth:`MigInstances.apply`: turns MIG mode on (or off, for a full GPU handed out whole) when
-  needed — only on an idle GPU, else the claim fails naming the processes — and creates the GPU
-  and compute instances; the claim's devices come back with their UUIDs and capability nodes.
+* :meth:`MigInstances.ownership_keys`: every memory slice a device covers (a full dynamic GPU,
+  alone or in a GPU set, covers all of them) becomes an ownership key, so a placement
+  overlapping another claim's, or the full GPU (or a set with it) while a MIG device of it is
+  prepared (and the reverse), is refused per claim.
+* :meth:`MigInstances.apply`: turns MIG mode on (or off, for a full GPU handed out whole, alone
+  or in a GPU set) when needed — only on an idle GPU, else the claim fails naming the processes
+  — and creates the GPU and compute instances; the claim's devices come back with their UUIDs
+  and capability nodes.
 * :meth:`MigInstances.release` at unprepare (and rollback): destroys the claim's instances; a
   failure keeps the checkpoint record, so a retry or the next start-up finishes the job.
 * :meth:`MigInstances.recover` at start-up: on every dynamic GPU, instances that no prepared
@@ -94,19 +96,21 @@ class MigInstances:
     def ownership_keys(
         self, allocated: Sequence[claims.AllocatedDevice]
     ) -> list[claims.AllocatedDevice]:
-        """Extra ownership entries: the memory slices each dynamic device covers."""
+        """Extra ownership entries: the memory slices each dynamic device covers (a full
+        dynamic GPU, alone or in a GPU set, covers all of them)."""
         keys: list[claims.AllocatedDevice] = []
         for dev in allocated:
             known = self._devices.get(dev.device)
             if known is None:
                 continue
+            covered: list[tuple[str, int]] = []
             if known.placement is not None:
-                gpu = self._gpu_names.get(known.placement.parent_uuid, known.placement.parent_uuid)
-                covered = range(known.placement.start, known.placement.start + known.placement.size)
-            elif known.dynamic:
-                gpu, covered = known.name, range(self._memory_slices(known.uuid))
-            else:
-                continue
+                place = known.placement
+                gpu = self._gpu_names.get(place.parent_uuid, place.parent_uuid)
+                covered = [(gpu, i) for i in range(place.start, place.start + place.size)]
+            for whole in (*known.members, known) if known.placement is None else ():
+                if whole.dynamic:
+                    covered += [(whole.name, i) for i in range(self._memory_slices(whole.uuid))]
             keys += [
                 claims.AllocatedDevice(
                     request=dev.request,
@@ -116,7 +120,7 @@ class MigInstances:
                     share_id=None,
                     configs=(),
                 )
-                for index in covered
+                for gpu, index in covered
             ]
         return keys
 
@@ -161,8 +165,10 @@ class MigInstances:
                     uuid=instance.uuid,
                 )
                 continue
-            if known.dynamic and not dev.admin_access:
-                self._whole(ref, known)
+            if not dev.admin_access:
+                for whole in (*known.members, known):
+                    if whole.dynamic:
+                        self._whole(ref, whole)
             out.append(item)
         return out, made
 

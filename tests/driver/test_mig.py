@@ -217,3 +217,20 @@ def test_the_health_stream_lists_every_placement_under_its_gpu() -> None:
     assert len(keys) == 2 * (1 + 7 + 7 + 4 + 3 + 2 + 1 + 1)
     assert keys["gpu-0-mig-3g-20gb-4"] == (gpu0.uuid,)  # no longer the static instance's UUID
     assert keys["gpu-0"] == (gpu0.uuid,)
+
+
+def test_a_gpu_set_with_a_dynamic_gpu_excludes_its_mig_devices(
+    node_factory: Callable[..., Node],
+) -> None:
+    node = node_factory("dgx-h100", dynamic_mig="all")  # eight MIG-capable H100s, MIG off
+    mig, error = prepare(node, "gpu-0-mig-1g-10gb-0", name="mig")
+    assert error == ""
+    _, error = prepare(node, "gpus-0-1", name="pair")
+    assert "gpu-0 memory slice 0 is already prepared for claim uid " + mig.uid in error
+    assert node.driver.unprepare([mig]) == {mig.uid: ""}
+    pair, error = prepare(node, "gpus-0-1", name="pair-again")
+    assert error == ""
+    gpu0 = fake.FakeBackend.from_name("dgx-h100").discover().gpus[0]
+    assert state(node)[gpu0.uuid].mode == nvml.NVML_DEVICE_MIG_DISABLE  # the set took it whole
+    _, error = prepare(node, "gpu-1-mig-3g-40gb-4", name="late")
+    assert "gpu-1 memory slice 4 is already prepared for claim uid " + pair.uid in error

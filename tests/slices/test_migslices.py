@@ -57,7 +57,8 @@ def test_h100_gpu_counters_and_one_device_per_placement() -> None:
     devices = fake.FakeBackend.from_name("h100-mig").discover()
     built = build.build(devices, node_name="n1", dynamic_mig=ALL)
     sets = {c["name"]: c["counters"] for c in _sets(built.slices)}
-    assert sorted(sets) == ["gpu-0-mig", "gpu-1-mig"]
+    assert sorted(sets) == ["gpu-0-mig", "gpu-1-mig", "gpus"]
+    assert sets["gpus"] == {"gpu-0": {"value": "80Gi"}, "gpu-1": {"value": "80Gi"}}
     assert {k: v["value"] for k, v in sets["gpu-0-mig"].items()} == {
         **{f"memory-slice-{i}": "1" for i in range(8)},
         "compute-slices": "7", "multiprocessors": "132", "copy-engines": "8", "decoders": "7",
@@ -70,18 +71,24 @@ def test_h100_gpu_counters_and_one_device_per_placement() -> None:
     assert "gpu-0-mig-1g-10gb-me-6" in gpu0 and "gpu-0-mig-7g-80gb-0" in gpu0
     by_name = {d["name"]: d for d in _devices(built.slices)}
     full = by_name["gpu-0"]["consumesCounters"]
-    assert full == [{"counterSet": "gpu-0-mig", "counters": sets["gpu-0-mig"]}]
+    assert full == [
+        {"counterSet": "gpus", "counters": {"gpu-0": {"value": "80Gi"}}},
+        {"counterSet": "gpu-0-mig", "counters": sets["gpu-0-mig"]},
+    ]
     me = by_name["gpu-0-mig-1g-10gb-me-3"]
     assert me["attributes"]["profile"] == {"string": "1g.10gb+me"}
     assert me["attributes"]["type"] == {"string": "mig"}
     assert me["attributes"]["parentUUID"] == {"string": devices.gpus[0].uuid}
     assert "uuid" not in me["attributes"]  # the instance does not exist yet
-    [use] = me["consumesCounters"]
+    use, per_gpu = me["consumesCounters"]
+    assert use["counterSet"] == "gpu-0-mig"
     assert {k: v["value"] for k, v in use["counters"].items()} == {
         "memory-slice-3": "1", "compute-slices": "1", "multiprocessors": "16",
         "copy-engines": "1", "decoders": "1", "jpeg-engines": "1", "ofa-engines": "1",
         "memory": "9984Mi", "1g-10gb-me-instances": "1",
     }  # fmt: skip
+    # Part of the GPU's pool-wide counter: the full GPU and GPU sets with it are blocked.
+    assert per_gpu == {"counterSet": "gpus", "counters": {"gpu-0": {"value": "9984Mi"}}}
 
 
 def test_dynamic_devices_carry_the_attributes_of_static_mig_devices() -> None:
@@ -99,11 +106,15 @@ def test_dynamic_devices_carry_the_attributes_of_static_mig_devices() -> None:
 
 
 def test_eight_and_twelve_gpus_split_within_the_limits() -> None:
-    for gpus, device_slices, counter_slices in ((8, 4, 1), (12, 5, 2)):
+    for gpus, counter_slices in ((8, 2), (12, 2)):
         built = build.build(_nodes(gpus), node_name="n1", dynamic_mig=ALL)
         kinds = ["devices" if s["spec"].get("devices") else "counters" for s in built.slices]
-        assert kinds == ["devices"] * device_slices + ["counters"] * counter_slices
-        assert len(_devices(built.slices)) == gpus * 26
+        devices = _devices(built.slices)
+        sets = [d for d in devices if d["name"].startswith("gpus-")]  # GPU-set devices
+        assert len(devices) == gpus * 26 + len(sets)
+        device_slices = -(-len(devices) // validate.MAX_DEVICES_SPECIAL)
+        assert kinds == ["counters"] * counter_slices + ["devices"] * device_slices
+        assert len(_sets(built.slices)) == gpus + 1  # one per GPU, and the per-GPU counters
         for obj in built.slices:
             spec = obj["spec"]
             assert spec["pool"]["resourceSliceCount"] == len(built.slices)
@@ -135,17 +146,19 @@ def test_names_are_dns_labels_and_those_of_existing_mig_devices() -> None:
 
 
 def test_a_regex_picks_gpus_by_product_and_reports_the_ones_it_cannot_make_dynamic() -> None:
-    devices = fake.FakeBackend.from_name("dgx-h100").discover()  # H100s without MIG profiles
+    # H100 NVLs: MIG-capable, but the profile lists no table for them (no placements known).
+    devices = fake.FakeBackend.from_name("h100-nvl-pairs").discover()
     built = build.build(devices, node_name="n1", dynamic_mig=migprofiles.DynamicMig.parse("h100"))
-    assert len(built.problems) == 8 and "lists no MIG profile placements" in built.problems[0]
-    assert _sets(built.slices) == []
+    assert len(built.problems) == 4 and "lists no MIG profile placements" in built.problems[0]
+    assert [c["name"] for c in _sets(built.slices)] == ["gpus"]  # no MIG counter set
     none = build.build(
         fake.FakeBackend.from_name("h100-mig").discover(),
         node_name="n1",
         dynamic_mig=migprofiles.DynamicMig.parse("A100"),
     )
     # Static as before: GPU 1 is in MIG mode without MIG devices, so it offers nothing.
-    assert _sets(none.slices) == [] and [d["name"] for d in _devices(none.slices)] == ["gpu-0"]
+    assert [c["name"] for c in _sets(none.slices)] == ["gpus"]
+    assert [d["name"] for d in _devices(none.slices)] == ["gpu-0"]
     with pytest.raises(migprofiles.SelectorError, match="not none, all or a regular expression"):
         migprofiles.DynamicMig.parse("H100(")
 
@@ -156,9 +169,9 @@ def test_check_references_catches_a_missing_set_and_an_oversized_consumption() -
     )
     devices_only = [s for s in built.slices if s["spec"].get("devices")]
     problems = migslices.check_references(devices_only, _parse)
-    assert problems and problems[0] == "device gpu-0: no counter set gpu-0-mig"
-    sets = [s for s in built.slices if s["spec"].get("sharedCounters")]
-    sets[0]["spec"]["sharedCounters"][0]["counters"]["compute-slices"]["value"] = "6"
+    assert problems and problems[0] == "device gpu-0: no counter set gpus"
+    [gpu0] = [c for c in _sets(built.slices) if c["name"] == "gpu-0-mig"]
+    gpu0["counters"]["compute-slices"]["value"] = "6"
     problems = migslices.check_references(built.slices, _parse)
     assert problems == [
         "device gpu-0: consumes more compute-slices than gpu-0-mig has",
