@@ -7,11 +7,13 @@ CPU is what limits how many claims the GIL lets us prepare at once. Writing the 
 and parsing the status line and headers ourselves costs about a fifth of that.
 
 What it does, and no more: HTTP/1.1 requests with a ``Content-Length`` body; responses framed
-by ``Content-Length``, ``chunked`` transfer coding or connection close; a pool of idle
-connections (an idle connection the server has closed is noticed before reuse, as urllib3
-does); TLS with the client library's settings (CA file or data, client certificate, no-verify,
-TLS server name); the ``Authorization`` header taken from the library's configuration on every
-request (so refreshed tokens are used). A request is never re-sent once written: whether to retry
+by ``Content-Length``, ``chunked`` transfer coding or connection close (read by
+:mod:`dra_driver.kube.http1`); a pool of connections that can be opened up front and kept open
+past the server's idle cut-off, with TLS sessions resumed on reconnect (:class:`Transport`; an
+idle connection the server has closed is noticed before reuse); TLS with the client library's
+settings (CA file or data, client certificate, no-verify, TLS server name); the
+``Authorization`` header taken from the library's configuration on every request (so refreshed
+tokens are used). A request is never re-sent once written: whether to retry
 is the caller's decision. Proxies and streaming (watch) stay with the library
 (:func:`from_configuration` returns None when a proxy is configured).
 """
@@ -25,25 +27,15 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from dra_driver import __version__
+from dra_driver.kube.http1 import MAX_LINE, read_response
+from dra_driver.kube.http1 import Response as Response
+from dra_driver.kube.http1 import TransportError as TransportError
 
-MAX_LINE = 65536
-MAX_HEADERS = 200
 CONNECT_ATTEMPTS = 3  # like the library's urllib3.Retry(connect=2)
-
-
-class TransportError(Exception):
-    """No (complete) response: connection refused, dropped, timed out or garbled."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Response:
-    status: int
-    headers: Mapping[str, str]  # lower-case names
-    body: bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -212,7 +204,7 @@ class Transport:
         conn = self._take()
         try:
             conn.sock.sendall(data)
-            response, reusable = _read_response(conn.rfile, method)
+            response, reusable = read_response(conn.rfile, method)
         except (OSError, ValueError, TransportError) as exc:
             self._discard(conn)
             raise TransportError(f"{method} {path}: {_describe(exc)}") from exc
@@ -352,7 +344,7 @@ class Transport:
             head += f"Authorization: {token}\r\n"
         try:
             conn.sock.sendall((head + "\r\n").encode("latin-1"))
-            _, reusable = _read_response(conn.rfile, "GET")
+            _, reusable = read_response(conn.rfile, "GET")
         except (OSError, ValueError, TransportError):
             reusable = False
         if not reusable:
@@ -364,72 +356,3 @@ def _describe(exc: BaseException | None) -> str:
     if isinstance(exc, TimeoutError | socket.timeout):
         return "timed out"
     return str(exc) or type(exc).__name__
-
-
-def _readline(rfile: BinaryIO) -> bytes:
-    line = rfile.readline(MAX_LINE + 1)
-    if len(line) > MAX_LINE:
-        raise TransportError("response line too long")
-    return line
-
-
-def _read_response(rfile: BinaryIO, method: str) -> tuple[Response, bool]:
-    """One response (skipping 1xx); also whether the connection may be reused."""
-    while True:
-        status_line = _readline(rfile)
-        if not status_line:
-            raise TransportError("connection closed before a response")
-        parts = status_line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise TransportError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
-        status = int(parts[1])
-        headers: dict[str, str] = {}
-        for _ in range(MAX_HEADERS + 1):
-            line = _readline(rfile)
-            if line in (b"\r\n", b"\n"):
-                break
-            if not line:
-                raise TransportError("connection closed in the response headers")
-            name, colon, value = line.decode("latin-1").partition(":")
-            if not colon:
-                raise TransportError(f"malformed header line {line[:80]!r}")
-            key = name.strip().lower()
-            headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-        else:
-            raise TransportError("too many response headers")
-        if status >= 200:
-            break
-    tokens = {t.strip() for t in headers.get("connection", "").lower().split(",")}
-    reusable = "close" not in tokens and (parts[0] != b"HTTP/1.0" or "keep-alive" in tokens)
-    if method == "HEAD" or status in (204, 304):
-        return Response(status, headers, b""), reusable
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        return Response(status, headers, _read_chunked(rfile)), reusable
-    length = headers.get("content-length")
-    if length is None:  # the body runs until the server closes the connection
-        return Response(status, headers, rfile.read()), False
-    if not length.isdigit():
-        raise TransportError(f"bad Content-Length {length!r}")
-    body = rfile.read(int(length))
-    if len(body) != int(length):
-        raise TransportError(f"connection closed after {len(body)} of {length} body bytes")
-    return Response(status, headers, body), reusable
-
-
-def _read_chunked(rfile: BinaryIO) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        size_line = _readline(rfile).split(b";", 1)[0].strip()
-        try:
-            size = int(size_line, 16)
-        except ValueError:
-            raise TransportError(f"bad chunk size {size_line[:20]!r}") from None
-        if size == 0:
-            break
-        chunk = rfile.read(size)
-        if len(chunk) != size or _readline(rfile) not in (b"\r\n", b"\n"):
-            raise TransportError("connection closed inside a chunk")
-        chunks.append(chunk)
-    while _readline(rfile) not in (b"\r\n", b"\n", b""):  # trailer fields, ignored
-        pass
-    return b"".join(chunks)
