@@ -131,8 +131,8 @@ class _Connection:
         nobody asked for). A non-blocking read tells, and it must be TLS-aware: a TLS 1.3 server
         sends session tickets after the handshake, which a client reads only with its next read,
         so a fresh connection is readable without having been closed. Reading through TLS
-        consumes them (and learns the session for resumption) and then finds nothing (alive),
-        the end (closed, with or without a close_notify) or data (unusable)."""
+        consumes them (the pool then resumes from that session) and finds nothing (alive), the
+        end (closed, with or without a close_notify) or data (unusable)."""
         sock = self.sock
         try:
             timeout = sock.gettimeout()
