@@ -250,10 +250,10 @@ def mig_control_for(
     None when no GPU is dynamic (the agent then never changes a MIG layout)."""
     if not settings.dynamic.enabled:
         return None
-    if isinstance(backend, fake.FakeBackend):
-        backend.nvml.mig_state.use_file(settings.fake_mig_state)
-        return migcontrol.NvmlMigControl(nvml_api=backend.nvml)
-    return migcontrol.NvmlMigControl(nvml_api=nvml.real_module())
+    fake_nvml = backend.nvml if isinstance(backend, fake.FakeBackend) else None
+    if fake_nvml is not None:
+        fake_nvml.mig_state.use_file(settings.fake_mig_state)
+    return migcontrol.NvmlMigControl(nvml_api=fake_nvml or nvml.real_module())
 
 
 def start_publisher(
@@ -380,7 +380,7 @@ def run(
     )
     streams = health_service.HealthStreams(
         pool_name=settings.node_name,
-        devices=health_keys(devices, settings.dynamic),
+        devices=migprofiles.health_keys(devices, settings.dynamic, health.device_keys(devices)),
         source=board,
         log=log.bind(component="health"),
     )
@@ -440,19 +440,6 @@ def run(
         driver.close()
     log.info("stopped")
     return 0
-
-
-def health_keys(
-    devices: model.NodeDevices, dynamic: migprofiles.DynamicMig
-) -> dict[str, tuple[str, ...]]:
-    """Every published device → the UUIDs whose failure makes it unhealthy; a dynamic MIG
-    placement follows its GPU (the instance, if any, lives and dies with it)."""
-    keys = health.device_keys(devices)
-    for gpu in dynamic.dynamic_gpus(devices.gpus):
-        for mig in gpu.mig_devices:
-            keys.pop(model.mig_device_name(gpu, mig), None)
-        keys.update({p.name: (gpu.uuid,) for p in migprofiles.placements(gpu)})
-    return keys
 
 
 def _published(

@@ -113,3 +113,17 @@ def whole(gpu: model.Gpu) -> model.MigProfile | None:
         p for p in gpu.mig_profiles if any(n == memory_slices(gpu) for _, n in p.placements)
     ]
     return max(spanning, key=lambda p: (p.slices, p.memory_bytes), default=None)
+
+
+def health_keys(
+    devices: model.NodeDevices, dynamic: DynamicMig, keys: dict[str, tuple[str, ...]]
+) -> dict[str, tuple[str, ...]]:
+    """``keys`` (published device → UUIDs whose failure makes it unhealthy) with dynamic GPUs'
+    placements: each follows its GPU (an instance lives and dies with it); existing MIG devices
+    of a dynamic GPU go by their placement's name, so they are replaced."""
+    out = dict(keys)
+    for gpu in dynamic.dynamic_gpus(devices.gpus):
+        for mig in gpu.mig_devices:
+            out.pop(model.mig_device_name(gpu, mig), None)
+        out.update({p.name: (gpu.uuid,) for p in placements(gpu)})
+    return out

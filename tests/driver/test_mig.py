@@ -208,11 +208,12 @@ def test_without_dynamic_mig_no_gpu_is_touched(node_factory: Callable[..., Node]
 
 
 def test_the_health_stream_lists_every_placement_under_its_gpu() -> None:
-    from dra_driver import app
-    from dra_driver.devices import migprofiles
+    from dra_driver.devices import health, migprofiles
 
     devices = fake.FakeBackend.from_name("a100-mig").discover()  # GPU 0 has static instances
-    keys = app.health_keys(devices, migprofiles.DynamicMig.parse("all"))
+    keys = migprofiles.health_keys(
+        devices, migprofiles.DynamicMig.parse("all"), health.device_keys(devices)
+    )
     gpu0 = devices.gpus[0]
     assert len(keys) == 2 * (1 + 7 + 7 + 4 + 3 + 2 + 1 + 1)
     assert keys["gpu-0-mig-3g-20gb-4"] == (gpu0.uuid,)  # no longer the static instance's UUID
