@@ -85,6 +85,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(env CLEANUP_INTERVAL; 0 = never)",
     )
     parser.add_argument(
+        "--api-keepalive",
+        type=float,
+        default=float(env_default("API_KEEPALIVE", "30") or 30),
+        help="seconds after which an idle API server connection gets a cheap request, so the "
+        "server's idle cut-off (kube-apiserver: 90 s) never closes the warm pool "
+        "(env API_KEEPALIVE; 0 = no keep-alive)",
+    )
+    parser.add_argument(
         "--serial",
         action="store_true",
         default=env_default("PREPARE_SERIAL") == "true",
@@ -113,6 +121,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="where this process sees the host's root for /dev/nvidia* checks, e.g. /host "
         "(env DEV_ROOT; default /)",
     )
+    common.add_dynamic_mig_flag(parser)
     common.add_backend_flags(parser)
     health_server.add_flags(parser)
     healthflags.add_flags(parser)
@@ -133,6 +142,7 @@ def _seconds(text: str) -> float:
 def settings_from(args: argparse.Namespace) -> app.PluginSettings:
     if not args.node_name:
         raise common.UsageError("--node-name (or NODE_NAME) is required")
+    common.dynamic_mig(args)  # a bad value is a usage error, before anything starts
     if args.pod_uid and not checkpoint.valid_uid(args.pod_uid):
         raise common.UsageError(
             f"--pod-uid {args.pod_uid!r}: not a pod UID (letters, digits and '-' only)"
@@ -151,10 +161,12 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         dev_root=args.dev_root,
         boot_id_file=args.boot_id_file or checkpoint.BOOT_ID_FILE,
         serial=args.serial,
+        api_keepalive_s=max(0.0, args.api_keepalive),
         cleanup_interval_s=args.cleanup_interval,
         publish=not args.no_publish,
         publish_grace_s=args.publish_grace,
         watch_timeout_s=args.watch_timeout,
+        dynamic_mig=args.dynamic_mig,
         health=healthflags.policy_from(args),
         node_labels=args.node_labels,
         node_labels_resync_s=args.node_labels_resync,
@@ -168,7 +180,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(args)
         devices = common.make_backend(args)
-        api = client.KubeClient.connect(settings.kubeconfig)
+        api = client.KubeClient.connect(
+            settings.kubeconfig,
+            connections=settings.api_connections,
+            max_connections=max(settings.workers, settings.api_connections),
+            keepalive_s=settings.api_keepalive_s,
+        )
     except (common.UsageError, backend.DiscoveryError, client.ConfigError) as exc:
         return common.fail(str(exc))
     registry = metrics.new()

@@ -4,7 +4,8 @@ Why its own module: :mod:`~dra_driver.driver.state` prepares and unprepares clai
 plugin runs; this is the other half of its crash-safety argument (the order of effects is in
 that module's docstring), run once before the plugin serves: records of an earlier boot are
 forgotten, unreadable files moved aside (:mod:`~dra_driver.driver.checkpoint`), GPU sharing
-re-applied or restored, interrupted preparations rolled back, missing or differing CDI specs of
+re-applied or restored, dynamic MIG instances reconciled with the records (unprepares a crash
+cut short are finished), interrupted preparations rolled back, missing or differing CDI specs of
 prepared claims rewritten from their records, and specs of ours without a record removed.
 """
 
@@ -35,6 +36,7 @@ def recover(state: ClaimState) -> None:
         )
     # GPUs of claims we cannot read (or that an earlier boot left) go back to their defaults.
     _recover_sharing(state, report.records, unknown=bool(report.unreadable or report.other_boot))
+    unprepared = state.mig.recover(report.records)  # records whose MIG instance is gone
     for record in report.records:
         clog = logs.claim_logger(
             state.log, uid=record.uid, namespace=record.namespace, name=record.name
@@ -44,6 +46,10 @@ def recover(state: ClaimState) -> None:
             state.store.delete(record.uid)
             clog.warning("rolled back a preparation interrupted by a crash")
             continue
+        if record.uid in unprepared:
+            state._rollback(ref_of(record))  # every step tried; what is left is logged
+            clog.warning("finished an unprepare interrupted by a crash (MIG instance gone)")
+            continue
         try:
             path = state.specs.spec_path(record.uid)
             if not os.path.lexists(path):
@@ -52,7 +58,7 @@ def recover(state: ClaimState) -> None:
             elif not _same_spec(path, record.cdiSpec):
                 state.specs.write(record.uid, record.cdiSpec)
                 clog.warning("rewrote a CDI spec that differed from its prepared claim's")
-            state.ownership.reserve(ref_of(record), allocated_of(record))
+            state.ownership.reserve(ref_of(record), state._owned(allocated_of(record)))
         except (OSError, claims.ClaimError) as exc:
             clog.error("prepared claim is inconsistent after restart", error=str(exc))
     known = {r.uid for r in state.store.records()}

@@ -7,14 +7,19 @@ here too, as the last line of defence: a device prepared for one claim is refuse
 unless one of them has admin access or both hold shares of a multi-allocatable device.
 
 Order of effects (crash-safety argument):
-prepare:   checkpoint PrepareStarted (carries the sharing intent) → apply GPU sharing
-           (:mod:`~dra_driver.driver.sharing`) → write CDI spec → checkpoint PrepareCompleted
-unprepare: restore GPU sharing defaults → remove CDI spec → delete checkpoint record
-start-up:  sharing of completed records re-applied, of PrepareStarted ones restored (and, when a
-           claim file was unreadable, every GPU no readable record holds is put back to its
-           defaults); PrepareStarted → spec removed, record deleted (rolled back); a completed
-           record whose spec is missing or differs from it → spec rewritten from it; a spec of
-           ours with no record → removed.
+prepare:   checkpoint PrepareStarted (carries the sharing intent and the dynamic MIG instances
+           to create) → apply GPU sharing (:mod:`~dra_driver.driver.sharing`) → create MIG
+           instances (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint
+           PrepareCompleted
+unprepare: restore GPU sharing defaults → destroy MIG instances → remove CDI spec → delete
+           checkpoint record
+start-up:  (:mod:`~dra_driver.driver.recovery`) sharing of completed records re-applied, of
+           PrepareStarted ones restored (and, when a claim file was unreadable, every GPU no
+           readable record holds is put back to its defaults); MIG instances on dynamic GPUs
+           that no completed record owns destroyed, a completed record whose MIG instance is
+           gone unprepared (a crash cut its unprepare short); PrepareStarted → spec removed,
+           record deleted (rolled back); a completed record whose spec is missing or differs
+           from it → spec rewritten from it; a spec of ours with no record → removed.
 
 The record goes last on unprepare, so a spec never outlives its record: when the spec cannot be
 removed (a read-only or full CDI directory) the claim stays prepared and the kubelet's retry of
@@ -48,6 +53,7 @@ from dra_driver.driver import (
     results,
     sharing,
 )
+from dra_driver.driver import mig as mig_mod
 from dra_driver.kube import api as kube
 
 
@@ -157,6 +163,7 @@ class ClaimState:
         store: checkpoint.Checkpoint,
         log: structlog.typing.FilteringBoundLogger,
         gpu_sharing: sharing.GpuSharing | None = None,
+        mig_instances: mig_mod.MigInstances | None = None,
         device_taints: DeviceTaints | None = None,
     ) -> None:
         """``device_taints``: a device's taints now; a claim whose request does not tolerate
@@ -171,6 +178,7 @@ class ClaimState:
         self.locks = ClaimLocks()
         self.ownership = Ownership()
         self.sharing = gpu_sharing or sharing.GpuSharing(gpu_control=None, log=log)
+        self.mig = mig_instances or mig_mod.MigInstances(control=None, devices=devices, log=log)
         self.device_taints = device_taints
 
     # ---- start-up ----------------------------------------------------------------------------
@@ -207,12 +215,17 @@ class ClaimState:
             )
             planned = self._plan(ref, allocated)
             wanted = sharing.targets(ref, planned)
-            spec = self.specs.build(ref, planned)
-            self.ownership.reserve(ref, allocated)
+            migs = self.mig.intents(ref, allocated)  # dynamic MIG: specs need the new UUIDs
+            spec = {} if migs else self.specs.build(ref, planned)
+            self.ownership.reserve(ref, self._owned(allocated))
             try:
-                record = self._record(ref, allocated, planned, spec)
+                record = self._record(ref, allocated, planned, spec, migs)
                 self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
                 self.sharing.apply(ref, wanted)
+                planned, made = self.mig.apply(ref, planned, allocated)
+                if made:
+                    spec = self.specs.build(ref, planned)
+                    record = self._record(ref, allocated, planned, spec, made)
                 self._write_spec(ref, spec)
                 self.store.put(record)
             except BaseException as exc:
@@ -257,12 +270,13 @@ class ClaimState:
         return released
 
     def _forget(self, ref: claims.ClaimRef) -> None:
-        """Drop a prepared claim: GPU sharing restored, CDI spec removed, then the record (a
-        failure raises and keeps the record, so the kubelet's retry or the next start-up
-        finishes the job), then the device ownership."""
+        """Drop a prepared claim: GPU sharing restored, MIG instances destroyed, CDI spec
+        removed, then the record (a failure raises and keeps the record, so the kubelet's retry
+        or the next start-up finishes the job), then the device ownership."""
         record = self.store.get(ref.uid)
         if record is not None:
             self.sharing.release(_ref(record), sharing.recorded_targets(record, self.devices))
+            self.mig.release(record)
         self._remove_spec(ref)
         self.store.delete(ref.uid)
         self.ownership.release(ref.uid)
@@ -276,6 +290,10 @@ class ClaimState:
             try:
                 self.sharing.release(_ref(record), sharing.recorded_targets(record, self.devices))
             except sharing.SharingError as exc:
+                problems.append(str(exc))
+            try:
+                self.mig.release(record)
+            except mig_mod.MigError as exc:
                 problems.append(str(exc))
         try:
             self._remove_spec(ref)
@@ -314,6 +332,10 @@ class ClaimState:
 
     # ---- helpers -------------------------------------------------------------------------------
 
+    def _owned(self, allocated: Sequence[claims.AllocatedDevice]) -> list[claims.AllocatedDevice]:
+        """What a claim holds: its devices, and the memory slices of its dynamic MIG devices."""
+        return [*allocated, *self.mig.ownership_keys(allocated)]
+
     def _plan(
         self, ref: claims.ClaimRef, allocated: Sequence[claims.AllocatedDevice]
     ) -> list[cdi.Planned]:
@@ -332,6 +354,12 @@ class ClaimState:
             self._check_taints(ref, dev)
             cfg = config.effective(dev.configs, ref=ref)
             planned.append(cdi.Planned(device=known, request=dev.request_name, config=cfg))
+        clashes = inventory.overlaps([(p.device.name, p.device) for p in planned])
+        if clashes:
+            raise claims.ClaimError(
+                f"{ref}: refusing a claim whose devices overlap in physical GPUs: "
+                + "; ".join(clashes)
+            )
         return planned
 
     def _check_taints(self, ref: claims.ClaimRef, dev: claims.AllocatedDevice) -> None:
@@ -353,6 +381,7 @@ class ClaimState:
         allocated: Sequence[claims.AllocatedDevice],
         planned: Sequence[cdi.Planned],
         spec: dict[str, object],
+        migs: Mapping[str, checkpoint.MigRecord],
     ) -> checkpoint.ClaimRecord:
         return checkpoint.ClaimRecord(
             uid=ref.uid,
@@ -369,6 +398,7 @@ class ClaimState:
                     shareId=dev.share_id,
                     adminAccess=dev.admin_access,
                     config=plan.config.to_json(),
+                    mig=migs.get(dev.device),
                 )
                 for dev, plan in zip(allocated, planned, strict=True)
             ),

@@ -52,7 +52,7 @@ def run(size: int, rng: random.Random, workdir: Path, *, long_outage_s: float = 
         plugin.wait_ready(timeout_s=60)
         kubelet = KubeletSim(plugin.registry_dir)
         kubelet.register(rig.DRIVER)
-        if not _wait(lambda: _ready(plugin) and len(_ours(mem)) == 1, CONVERGE_S):
+        if not _wait(lambda: _ready(plugin) and bool(_ours(mem)), CONVERGE_S):
             row.fail("never published / ready before any fault", hang=1)
             return row
         baseline = {s["metadata"]["name"]: compare.content(s) for s in _ours(mem)}
@@ -98,7 +98,9 @@ def _inject(
     long_outage_s: float,
 ) -> int:
     """Inject ``fault``; returns how many changes of our slices' content someone else made."""
-    name = _ours(mem)[0]["metadata"]["name"] if _ours(mem) else ""
+    ours = _ours(mem)
+    name = rng.choice(ours)["metadata"]["name"] if ours else ""
+    with_devices = [s["metadata"]["name"] for s in ours if s["spec"].get("devices")]
     if fault in ("outage", "long-outage"):
         proxy.outage()
         seconds = long_outage_s if fault == "long-outage" else rng.uniform(GRACE_S + 2.5, 5.0)
@@ -137,7 +139,7 @@ def _inject(
     if fault == "conflict":
         mem.fail_next("update_resource_slice", 409, times=rng.randint(1, 5))
         mem.fail_next("create_resource_slice", 409, times=rng.randint(0, 2))
-        return _edit(mem, name)
+        return _edit(mem, rng.choice(with_devices) if with_devices else "")
     if fault == "watch-410":
         mem.fail_next("watch_resource_slices", 410, times=rng.randint(1, 4))
         proxy.reset_all()  # the open watch ends; the next ones are refused as expired
@@ -146,7 +148,7 @@ def _inject(
             return 1
         return 0
     if fault == "edit":
-        return _edit(mem, name)
+        return _edit(mem, rng.choice(with_devices) if with_devices else "")
     raise ValueError(f"unknown fault {fault}")
 
 

@@ -80,7 +80,8 @@ def run_handover(size: int, rng: random.Random, workdir: Path) -> Row:
     server = fakeserver.FakeApiServer(rig.api_with([])).start()
     mem = server.api
     kubeconfig = server.write_kubeconfig(base / "kc")
-    profiles = ["dgx-h100", "pcie-l4"]  # 8 and 4 GPUs: the two versions publish differently
+    profiles = ["dgx-h100", "pcie-l4"]  # the two versions publish different devices
+    sizes = [_device_count(p) for p in profiles]
 
     def start(index: int) -> Any:
         plugin = PluginProcess(
@@ -100,14 +101,14 @@ def run_handover(size: int, rng: random.Random, workdir: Path) -> Row:
     running: list[Any] = []
     try:
         running.append(start(0))
-        if not _wait(lambda: devices() == 8):
+        if not _wait(lambda: devices() == sizes[0]):
             row.fail("the first agent never published", hang=1)
             return row
         for handover in range(size):
             row.trials += 1
             newcomer = start(handover + 1)
             running.append(newcomer)
-            want = 8 if (handover + 1) % 2 == 0 else 4
+            want = sizes[(handover + 1) % 2]
             mem.reset_calls()
             time.sleep(rng.uniform(0.5, 1.5))  # both run: only the old one may write
             if mem.writes:
@@ -133,6 +134,15 @@ def run_handover(size: int, rng: random.Random, workdir: Path) -> Row:
             plugin.kill()
         server.stop()
     return row
+
+
+def _device_count(profile: str) -> int:
+    from dra_driver.devices import fake
+    from dra_driver.slices import build
+
+    node = fake.FakeBackend.from_name(profile).discover()
+    slices = build.build(node, node_name=rig.NODE, driver_name=rig.DRIVER).slices
+    return sum(len(s["spec"].get("devices") or ()) for s in slices)
 
 
 def _wait(condition: Any, timeout_s: float = DEADLINE_S) -> bool:

@@ -52,22 +52,35 @@ class KubeClient:
         *,
         timeout_s: float = 10.0,
         lean: bool = True,
+        connections: int = 0,
+        max_connections: int = 32,
+        keepalive_s: float = 0.0,
         watch_silence_s: float = WATCH_SILENCE_S,
     ) -> None:
-        """``lean=False`` sends every request through the library (as with a proxy);
-        ``watch_silence_s``: how long past its end a watch may stay silent before its
-        connection counts as dead."""
+        """``lean=False`` sends every request through the library (as with a proxy).
+
+        ``connections``: open that many connections to the server at once, in the background
+        (one per thread that may GET a claim at the same time, e.g. the gRPC workers), and with
+        ``keepalive_s`` keep them open (see :class:`~dra_driver.kube.transport.Transport`);
+        ``max_connections``: how many idle ones to keep at most (never fewer than
+        ``connections``); ``watch_silence_s``: how long past its end a watch may stay silent
+        before its connection counts as dead."""
         self._client = api_client
         self._timeout = (min(5.0, timeout_s), timeout_s)
         self._watch_silence_s = watch_silence_s
         configuration = api_client.configuration
         self._transport = (
             transport.from_configuration(
-                configuration, timeouts=self._timeout, proxied=_proxied(configuration)
+                configuration,
+                timeouts=self._timeout,
+                proxied=_proxied(configuration),
+                max_idle=max(connections, max_connections),
             )
             if lean
             else None
         )
+        if self._transport is not None and connections > 0:
+            self._transport.start_pool(connections, keepalive_s=keepalive_s)
 
     @classmethod
     def connect(
@@ -77,9 +90,13 @@ class KubeClient:
         context: str | None = None,
         timeout_s: float = 10.0,
         lean: bool = True,
+        connections: int = 0,
+        max_connections: int = 32,
+        keepalive_s: float = 0.0,
         watch_silence_s: float = WATCH_SILENCE_S,
     ) -> KubeClient:
-        """From ``kubeconfig`` (or ``$KUBECONFIG``), else the in-cluster service account."""
+        """From ``kubeconfig`` (or ``$KUBECONFIG``), else the in-cluster service account; the
+        connection settings are :meth:`__init__`'s."""
         path = kubeconfig or (
             Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
         )
@@ -103,11 +120,15 @@ class KubeClient:
         configuration.retries = urllib3.Retry(
             total=2, connect=2, read=0, status=0, redirect=0, other=0
         )
-        configuration.connection_pool_maxsize = 32  # one connection per prepare worker
+        # The library's pool (watches, proxies): one connection per prepare worker.
+        configuration.connection_pool_maxsize = max(connections, max_connections)
         return cls(
             kubernetes.client.ApiClient(configuration),
             timeout_s=timeout_s,
             lean=lean,
+            connections=connections,
+            max_connections=max_connections,
+            keepalive_s=keepalive_s,
             watch_silence_s=watch_silence_s,
         )
 

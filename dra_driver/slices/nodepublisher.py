@@ -17,7 +17,7 @@ import structlog
 
 from dra_driver import health_server
 from dra_driver import metrics as metrics_mod
-from dra_driver.devices import health, model
+from dra_driver.devices import health, migprofiles, model
 from dra_driver.kube import api as kube
 from dra_driver.slices import leader, publisher, republish, taints
 
@@ -39,6 +39,7 @@ class NodePublisher:
         log: structlog.typing.FilteringBoundLogger,
         metrics: metrics_mod.DriverMetrics | None = None,
         board: health.HealthBoard | None = None,
+        dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     ) -> None:
         """Raises :class:`~dra_driver.slices.build.BuildError` when no slice can be built.
         ``grace_s``: how long publishing may fail before :meth:`published` says no;
@@ -58,6 +59,7 @@ class NodePublisher:
             on_watch=lambda ok: self.watches.ok() if ok else self.watches.failed(),
             watch_timeout_s=watch_timeout_s,
             decorate=taints.decorator(snap, driver_name) if snap else None,
+            dynamic_mig=dynamic_mig,
         )
         self.follower: republish.HealthRepublisher | None = None
         if board is not None and snap is not None:  # the desired set follows health always
@@ -69,6 +71,7 @@ class NodePublisher:
                 node_name=node_name,
                 driver_name=driver_name,
                 log=log,
+                dynamic_mig=dynamic_mig,
             )
         self.lock = leader.PublisherLock(lock_file, log=log)
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from dra_driver import logs
-from dra_driver.devices import model
+from dra_driver.devices import migprofiles, model
 from dra_driver.kube import api
 from dra_driver.slices import build, compare, validate
 from dra_driver.slices.pubtypes import Backoff, Log, Outcome, PublishError
@@ -386,6 +386,7 @@ def start_node_publisher(
     on_watch: Callable[[bool], None] | None = None,
     start: bool = True,
     watch_timeout_s: float = 30.0,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     decorate: Callable[[list[api.Obj]], None] | None = None,
 ) -> Publisher:
     """Build the node's slices from ``devices`` and keep them published (the node agent's hook;
@@ -394,7 +395,13 @@ def start_node_publisher(
     ``decorate``: a pass over the devices before they become slices (device taints).
     Raises :class:`~dra_driver.slices.build.BuildError` when the names cannot make a slice.
     """
-    result = build.build(devices, node_name=node_name, driver_name=driver_name, decorate=decorate)
+    result = build.build(
+        devices,
+        node_name=node_name,
+        driver_name=driver_name,
+        decorate=decorate,
+        dynamic_mig=dynamic_mig,
+    )
     publisher = Publisher(
         kube=api,
         driver_name=driver_name,

@@ -74,7 +74,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "kubelet-plugin-fake": {
         **_COMMON,
         "fakeGPU": {"profile": "dgx-h100"},
-        "kubeletPlugin": {**_PATHS, "seamlessUpgrade": True, "publishGraceSeconds": 45.5},
+        "kubeletPlugin": {
+            **_PATHS,
+            "seamlessUpgrade": True,
+            "dynamicMig": "H100",
+            "publishGraceSeconds": 45.5,
+        },
     },
     "kubelet-plugin-address": {
         **_COMMON,

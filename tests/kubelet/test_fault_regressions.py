@@ -132,6 +132,7 @@ def test_readiness_follows_publishing_through_an_api_outage(
             plugin.wait_ready()
             KubeletSim(plugin.registry_dir).register("gpu.nvidia.com")
             wait_for(lambda: plugin.http_get("/readyz")[0] == 200)
+            count = len(apiserver.api.all_resource_slices())
             proxy.outage()  # refused connections, open ones reset
             apiserver.api.remove_resource_slice(
                 apiserver.api.all_resource_slices()[0]["metadata"]["name"]
@@ -144,7 +145,7 @@ def test_readiness_follows_publishing_through_an_api_outage(
             }
             proxy.restore()
             wait_for(lambda: plugin.http_get("/readyz")[0] == 200)
-            wait_for(lambda: len(apiserver.api.all_resource_slices()) == 1)
+            wait_for(lambda: len(apiserver.api.all_resource_slices()) == count)
         finally:
             plugin.kill()
 
