@@ -41,6 +41,7 @@ class PublisherLock:
         self._guard = threading.Lock()
         self._fd: int | None = None
         self._held = threading.Event()
+        self._waiting = False  # the lock is taken by another instance and we wait for it
         self._stopped = False
         self._thread: threading.Thread | None = None
 
@@ -50,9 +51,9 @@ class PublisherLock:
 
     @property
     def standby(self) -> bool:
-        """Waiting while another instance publishes."""
+        """Waiting while another instance holds the lock (and publishes)."""
         with self._guard:
-            return self._thread is not None and not self._stopped and not self._held.is_set()
+            return self._waiting and not self._stopped
 
     def start(self, on_acquired: Callable[[], None]) -> None:
         """Open the lock file (errors raise :class:`LockError`), then take the lock — at once
@@ -86,6 +87,8 @@ class PublisherLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                with self._guard:
+                    self._waiting = True
                 self.log.info(
                     "another agent instance on this node publishes the ResourceSlices; "
                     "standing by to take over",
@@ -101,6 +104,7 @@ class PublisherLock:
                 )
             return
         with self._guard:
+            self._waiting = False
             if self._stopped:  # released while we waited: closing the file let go of it
                 return
             self._held.set()

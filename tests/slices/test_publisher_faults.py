@@ -195,3 +195,23 @@ def test_a_silently_dead_watch_connection_is_noticed_and_reopened(
     wait_for(lambda: len(mem.all_resource_slices()) == count, timeout=9)
     dead = [kw for lvl, event, kw in log.lines if "presumed dead" in str(kw.get("error"))]
     assert dead and dead[0]["status"] == 0
+
+
+def test_the_publisher_lock_stands_by_only_while_another_instance_holds_it(
+    tmp_path: Path,
+) -> None:
+    from dra_driver.slices import leader
+
+    path = tmp_path / "publisher.lock"
+    taken: list[str] = []
+    first = leader.PublisherLock(path, log=Recorder())
+    first.start(on_acquired=lambda: taken.append("first"))
+    assert first.wait_held(10) and not first.standby  # alone: never "standing by"
+    second = leader.PublisherLock(path, log=Recorder())
+    second.start(on_acquired=lambda: taken.append("second"))
+    wait_for(lambda: second.standby)
+    assert not second.held and taken == ["first"]
+    first.release()  # handed over at once
+    assert second.wait_held(10) and not second.standby and not first.standby
+    assert taken == ["first", "second"]
+    second.release()
