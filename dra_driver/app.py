@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -30,11 +31,21 @@ from dra_driver import health_server, logs
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import backend as devices_backend
 from dra_driver.devices import control, health, model, nvml
-from dra_driver.driver import cdi, checkpoint, driverfiles, instances, inventory, sharing, state
+from dra_driver.driver import (
+    cdi,
+    checkpoint,
+    driverfiles,
+    instances,
+    inventory,
+    mps,
+    mpsclaims,
+    sharing,
+    state,
+)
 from dra_driver.driver import driver as driver_mod
 from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
-from dra_driver.slices import build, publisher
+from dra_driver.slices import build, publisher, shares
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,6 +68,8 @@ class PluginSettings:
     serial: bool = False
     cleanup_interval_s: float = 60.0
     publish: bool = True
+    shareable: shares.Shareable = shares.NONE  # GPUs published with consumable capacity
+    mps_check_interval_s: float = 10.0  # how often dead MPS daemons are looked for (0 = never)
 
     @property
     def plugin_dir(self) -> Path:
@@ -145,16 +158,23 @@ def build_driver(
         boot_id=checkpoint.read_boot_id(settings.boot_id_file),
         log=log,
     )
+    control_ = gpu_control or gpu_control_for(settings, devices=devices, files=files)
+    preparable = inventory.build(devices, mig_minors=mig_minors)
     claim_state = state.ClaimState(
         api=api,
         driver_name=settings.driver_name,
         pool_name=settings.node_name,
-        devices=inventory.build(devices, mig_minors=mig_minors),
+        devices=preparable,
         specs=specs,
         store=store,
         log=log,
-        gpu_sharing=sharing.GpuSharing(
-            gpu_control=gpu_control or gpu_control_for(settings, devices=devices, files=files),
+        gpu_sharing=sharing.GpuSharing(gpu_control=control_, log=log),
+        mps=mpsclaims.MpsClaims(
+            daemons=mps_daemons_for(settings, files=files, gpu_control=control_, log=log),
+            store=store,
+            devices=preparable,
+            gpu_memory=gpu_memory(devices),
+            driver_name=settings.driver_name,
             log=log,
         ),
     )
@@ -197,6 +217,45 @@ def gpu_control_for(
     )
 
 
+def mps_daemons_for(
+    settings: PluginSettings,
+    *,
+    files: tuple[driverfiles.Mount, ...],
+    gpu_control: control.GpuControl,
+    log: structlog.typing.FilteringBoundLogger,
+) -> mps.MpsDaemons:
+    """MPS control daemons under ``<plugin dir>/mps``: the stand-in on fake nodes, else the
+    driver root's ``nvidia-cuda-mps-control`` (with its libraries), in a mount namespace whose
+    ``/dev/shm`` is the directory its clients get."""
+    command: tuple[str, ...] = (sys.executable, "-m", "dra_driver.devices.fakemps")
+    env: dict[str, str] = {}
+    if not settings.fake:
+        found = {Path(m.container_path).name: Path(m.local_path or m.host_path) for m in files}
+        binary = found.get("nvidia-cuda-mps-control")
+        command = (str(binary),) if binary is not None else ()
+        libcuda = found.get("libcuda.so.1")
+        if libcuda is not None and (settings.driver_root_mount or settings.driver_root) != Path(
+            "/"
+        ):
+            env["LD_LIBRARY_PATH"] = str(libcuda.parent)
+    return mps.MpsDaemons(
+        root=settings.plugin_dir / "mps",
+        command=command,
+        gpu_control=gpu_control,
+        boot_id=checkpoint.read_boot_id(settings.boot_id_file),
+        log=log.bind(component="mps"),
+        env=env,
+        isolate_shm=not settings.fake,
+    )
+
+
+def gpu_memory(devices: model.NodeDevices) -> dict[str, int]:
+    """GPU and MIG device UUID → memory in bytes."""
+    sizes = {gpu.uuid: gpu.memory_bytes for gpu in devices.gpus}
+    sizes.update({m.uuid: m.memory_bytes for gpu in devices.gpus for m in gpu.mig_devices})
+    return sizes
+
+
 def start_publisher(
     settings: PluginSettings,
     *,
@@ -216,6 +275,7 @@ def start_publisher(
         node_name=settings.node_name,
         log=log.bind(component="publisher"),
         on_pass=on_pass,
+        shareable=settings.shareable,
     )
 
 
@@ -274,6 +334,12 @@ def run(
         path=settings.registration_socket, services=[reg_service.add_to], log=log, max_workers=2
     )
     cleanup = driver_mod.CleanupLoop(driver=driver, interval_s=settings.cleanup_interval_s, log=log)
+    daemons = driver.state.mps.daemons if driver.state.mps is not None else None
+    supervisor = (
+        mps.Supervisor(daemons=daemons, interval_s=settings.mps_check_interval_s)
+        if daemons is not None
+        else None
+    )
     slice_publisher: Stoppable | None = None
     try:
         dra.start()
@@ -289,6 +355,8 @@ def run(
         except build.BuildError as exc:  # keep serving: prepared claims still need unprepare
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))
         cleanup.start()
+        if supervisor is not None:
+            supervisor.start()
         log.info(
             "kubelet plugin ready", dra_socket=str(dra.path), registration_socket=str(reg.path)
         )
@@ -299,6 +367,8 @@ def run(
         if slice_publisher is not None:
             slice_publisher.stop()
         cleanup.stop()
+        if supervisor is not None:
+            supervisor.stop()
         streams.stop()
         dra.stop(grace_s=5.0)
         driver.close()

@@ -76,6 +76,8 @@ class Planned:
     device: inventory.PreparableDevice
     request: str  # main request name
     config: config.GpuConfig
+    # More container edits for this device (``env`` entries, ``mounts``), e.g. its MPS daemon's.
+    edits: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class CdiSpecs:
@@ -153,6 +155,10 @@ class CdiSpecs:
             }
             if item.config.env:
                 edits["env"] = [f"{k}={v}" for k, v in sorted(item.config.env.items())]
+            if item.edits.get("env"):
+                edits["env"] = [*edits.get("env", ()), *item.edits["env"]]
+            if item.edits.get("mounts"):
+                edits["mounts"] = [dict(m) for m in item.edits["mounts"]]
             devices.append({"name": self.device_name(ref.uid, dev.name), "containerEdits": edits})
         common: dict[str, Any] = {
             "env": [

@@ -71,6 +71,8 @@ class AllocatedDevice:
     admin_access: bool
     share_id: str | None
     configs: tuple[OpaqueConfig, ...]
+    # What a share of a multi-allocatable device consumes (``consumedCapacity``): name → quantity.
+    consumed_capacity: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def request_name(self) -> str:
@@ -141,6 +143,11 @@ def allocated_devices(
         share_id = result.get("shareID")
         if share_id is not None and not isinstance(share_id, str):
             raise ClaimError(f"{ref}: {where}.shareID is not a string")
+        consumed = result.get("consumedCapacity") or {}
+        if not isinstance(consumed, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str | int) for k, v in consumed.items()
+        ):
+            raise ClaimError(f"{ref}: {where}.consumedCapacity is not a map of quantities")
         ours.append(
             AllocatedDevice(
                 request=request,
@@ -149,6 +156,7 @@ def allocated_devices(
                 admin_access=admin,
                 share_id=share_id or None,
                 configs=tuple(c for c in configs if c.applies_to(request)),
+                consumed_capacity={k: str(v) for k, v in consumed.items()},
             )
         )
     if foreign_pool:

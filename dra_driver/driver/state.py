@@ -7,10 +7,13 @@ here too, as the last line of defence: a device prepared for one claim is refuse
 unless one of them has admin access or both hold shares of a multi-allocatable device.
 
 Order of effects (crash-safety argument):
-prepare:   checkpoint PrepareStarted (carries the sharing intent) → apply GPU sharing
-           (:mod:`~dra_driver.driver.sharing`) → write CDI spec → checkpoint PrepareCompleted
-unprepare: restore GPU sharing defaults → delete checkpoint record → remove CDI spec
-start-up:  sharing of completed records re-applied, of PrepareStarted ones restored;
+prepare:   checkpoint PrepareStarted (carries the sharing intent and MPS daemon) → apply GPU
+           sharing (:mod:`~dra_driver.driver.sharing`) → MPS daemon running
+           (:mod:`~dra_driver.driver.mpsclaims`) → write CDI spec → checkpoint PrepareCompleted
+unprepare: restore GPU sharing defaults → stop the MPS daemon if no other claim uses it →
+           delete checkpoint record → remove CDI spec
+start-up:  sharing of completed records re-applied, of PrepareStarted ones restored; MPS
+           daemons of completed records adopted or restarted, all others stopped;
            PrepareStarted → spec removed, record deleted (rolled back); a completed record
            whose spec is missing → spec rewritten from it; a spec of ours with no record → removed.
 """
@@ -25,7 +28,16 @@ from collections.abc import Iterator, Sequence
 import structlog
 
 from dra_driver import logs
-from dra_driver.driver import cdi, checkpoint, claims, config, inventory, results, sharing
+from dra_driver.driver import (
+    cdi,
+    checkpoint,
+    claims,
+    config,
+    inventory,
+    mpsclaims,
+    results,
+    sharing,
+)
 from dra_driver.kube import api as kube
 
 
@@ -112,6 +124,7 @@ class ClaimState:
         store: checkpoint.Checkpoint,
         log: structlog.typing.FilteringBoundLogger,
         gpu_sharing: sharing.GpuSharing | None = None,
+        mps: mpsclaims.MpsClaims | None = None,
     ) -> None:
         self.api = api
         self.driver_name = driver_name
@@ -123,6 +136,7 @@ class ClaimState:
         self.locks = ClaimLocks()
         self.ownership = Ownership()
         self.sharing = gpu_sharing or sharing.GpuSharing(gpu_control=None, log=log)
+        self.mps = mps
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -139,6 +153,8 @@ class ClaimState:
                 claims=report.other_boot,
             )
         self._recover_sharing(report.records)
+        if self.mps is not None:
+            self.mps.recover([r for r in report.records if r.state == checkpoint.PREPARE_COMPLETED])
         for record in report.records:
             clog = logs.claim_logger(
                 self.log, uid=record.uid, namespace=record.namespace, name=record.name
@@ -198,13 +214,18 @@ class ClaimState:
                 claim, ref=ref, driver=self.driver_name, pool=self.pool_name
             )
             planned = self._plan(ref, allocated)
+            needs, planned = self._plan_mps(ref, allocated, planned)
             wanted = sharing.targets(ref, planned)
+            if self.mps is not None:
+                self.mps.check_time_slicing(ref, [t.uuid for t in wanted])
             spec = self.specs.build(ref, planned)
             self.ownership.reserve(ref, allocated)
             try:
-                record = self._record(ref, allocated, planned, spec)
+                record = self._record(ref, allocated, planned, spec, needs)
                 self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
                 self.sharing.apply(ref, wanted)
+                if self.mps is not None:
+                    self.mps.acquire(ref, needs, time_sliced=set(self.sharing.applied()))
                 self.specs.write(ref.uid, spec)
                 self.store.put(record)
             except BaseException:
@@ -241,6 +262,13 @@ class ClaimState:
                 if strict:
                     raise
                 self.log.error("GPU sharing not restored", claim_uid=uid, error=str(exc))
+            if self.mps is not None:
+                try:
+                    self.mps.release(record)
+                except claims.ClaimError as exc:
+                    if strict:
+                        raise
+                    self.log.error("MPS daemon not stopped", claim_uid=uid, error=str(exc))
         self.store.delete(uid)
         self.specs.remove(uid)
         self.ownership.release(uid)
@@ -262,9 +290,29 @@ class ClaimState:
                 raise claims.ClaimError(
                     f"{ref}: device {dev.device} cannot be prepared: {known.problem}"
                 )
-            cfg = config.effective(dev.configs, ref=ref)
+            cfg = config.effective(dev.configs, ref=ref, kind=known.kind)
             planned.append(cdi.Planned(device=known, request=dev.request_name, config=cfg))
         return planned
+
+    def _plan_mps(
+        self,
+        ref: claims.ClaimRef,
+        allocated: Sequence[claims.AllocatedDevice],
+        planned: list[cdi.Planned],
+    ) -> tuple[tuple[mpsclaims.Need, ...], list[cdi.Planned]]:
+        """The claim's MPS needs, and its planned devices with their MPS container edits."""
+        items = [
+            (dev, plan.device, plan.config) for dev, plan in zip(allocated, planned, strict=True)
+        ]
+        if self.mps is None:
+            if any(d.share_id or (c.sharing and c.sharing.strategy == "MPS") for d, _, c in items):
+                raise claims.ClaimError(f"{ref}: uses MPS, but this plugin runs without MPS")
+            return (), planned
+        needs, edits = self.mps.plan(ref, items)
+        using = {n.device.name for n in needs}
+        return needs, [
+            dataclasses.replace(p, edits=edits) if p.device.name in using else p for p in planned
+        ]
 
     def _record(
         self,
@@ -272,7 +320,9 @@ class ClaimState:
         allocated: Sequence[claims.AllocatedDevice],
         planned: Sequence[cdi.Planned],
         spec: dict[str, object],
+        needs: Sequence[mpsclaims.Need] = (),
     ) -> checkpoint.ClaimRecord:
+        daemons = {n.device.name: n.daemon for n in needs}
         return checkpoint.ClaimRecord(
             uid=ref.uid,
             namespace=ref.namespace,
@@ -288,6 +338,8 @@ class ClaimState:
                     shareId=dev.share_id,
                     adminAccess=dev.admin_access,
                     config=plan.config.to_json(),
+                    consumedCapacity=dict(dev.consumed_capacity),
+                    mpsDaemon=daemons.get(dev.device),
                 )
                 for dev, plan in zip(allocated, planned, strict=True)
             ),

@@ -16,7 +16,7 @@ from typing import Any
 
 from dra_driver.apimachinery import semver
 from dra_driver.devices import model, topology
-from dra_driver.slices import validate
+from dra_driver.slices import shares, validate
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -48,9 +48,11 @@ def build(
     driver_name: str = DEFAULT_DRIVER_NAME,
     node_uid: str | None = None,
     generation: int = 1,
+    shareable: shares.Shareable = shares.NONE,
 ) -> Build:
     """The complete desired set of ResourceSlices for ``node_name``: one pool named after it.
 
+    GPUs ``shareable`` selects are published with consumable capacity (:mod:`.shares`).
     Raises :class:`BuildError` when the node or driver name itself breaks an API rule.
     """
     empty = validate.validate(_slice(node_name, driver_name, [], 0, 1, generation, node_uid))
@@ -60,7 +62,7 @@ def build(
             f"{driver_name!r}: " + "; ".join(str(e) for e in empty)
         )
     problems: list[str] = []
-    entries = device_entries(devices, problems)
+    entries = device_entries(devices, problems, shareable=shareable)
     kept: list[Obj] = []
     for device in entries:
         errors = validate.validate(_slice(node_name, driver_name, [device], 0, 1, generation, None))
@@ -106,7 +108,12 @@ def slice_name(node_name: str, driver_name: str, index: int) -> str:
     return f"{node_name[:200].rstrip('-.')}-{digest}-{index}"
 
 
-def device_entries(devices: model.NodeDevices, problems: list[str] | None = None) -> list[Obj]:
+def device_entries(
+    devices: model.NodeDevices,
+    problems: list[str] | None = None,
+    *,
+    shareable: shares.Shareable = shares.NONE,
+) -> list[Obj]:
     """The ``spec.devices`` entries of the pool, sorted by GPU minor, MIG placement."""
     problems = problems if problems is not None else []
     topo = topology.build(devices)
@@ -117,7 +124,19 @@ def device_entries(devices: model.NodeDevices, problems: list[str] | None = None
                 out.append(_mig_device(gpu, mig, problems))
         else:
             out.append(_gpu_device(gpu, topo, problems))
+            if shareable.matches(gpu):
+                _make_shareable(out[-1], gpu, problems)
     return out
+
+
+def _make_shareable(entry: Obj, gpu: model.Gpu, problems: list[str]) -> None:
+    """Publish ``gpu`` as a device many claims can share (consumable capacity)."""
+    capacity = shares.capacity(gpu.memory_bytes, memory_text=bytes_quantity(gpu.memory_bytes))
+    if capacity is None:
+        problems.append(f"device {gpu.name!r} has too little memory to share; published exclusive")
+        return
+    entry["allowMultipleAllocations"] = True
+    entry["capacity"] = capacity
 
 
 def normalize_version(text: str) -> str:

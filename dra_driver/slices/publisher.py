@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from dra_driver import logs
 from dra_driver.devices import model
 from dra_driver.kube import api
-from dra_driver.slices import build, compare, validate
+from dra_driver.slices import build, compare, shares, validate
 
 CONFLICT_RETRIES = 3
 
@@ -372,12 +372,13 @@ def start_node_publisher(
     node_name: str,
     log: Log | None = None,
     on_pass: Callable[[Outcome | None], None] | None = None,
+    shareable: shares.Shareable = shares.NONE,
 ) -> Publisher:
     """Build the node's slices from ``devices`` and keep them published (the node agent's hook).
 
     Raises :class:`~dra_driver.slices.build.BuildError` when the names cannot make a slice.
     """
-    result = build.build(devices, node_name=node_name, driver_name=driver_name)
+    result = build.build(devices, node_name=node_name, driver_name=driver_name, shareable=shareable)
     publisher = Publisher(
         kube=api, driver_name=driver_name, node_name=node_name, log=log, on_pass=on_pass
     )
