@@ -334,10 +334,11 @@ def run(
         path=settings.registration_socket, services=[reg_service.add_to], log=log, max_workers=2
     )
     cleanup = driver_mod.CleanupLoop(driver=driver, interval_s=settings.cleanup_interval_s, log=log)
-    daemons = driver.state.mps.daemons if driver.state.mps is not None else None
     supervisor = (
-        mps.Supervisor(daemons=daemons, interval_s=settings.mps_check_interval_s)
-        if daemons is not None
+        mps.Supervisor(
+            check=driver.state.mps.check, interval_s=settings.mps_check_interval_s, log=log
+        )
+        if driver.state.mps is not None
         else None
     )
     slice_publisher: Stoppable | None = None

@@ -42,12 +42,18 @@ class FakeMpsError(Exception):
     """The stand-in cannot do what it was asked (message for the operator)."""
 
 
-def _dirs() -> tuple[Path, Path]:
+def _pipe() -> Path:
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    if not pipe:
+        raise FakeMpsError("CUDA_MPS_PIPE_DIRECTORY must be set")
+    return Path(pipe)
+
+
+def _log_dir() -> Path:
     log = os.environ.get("CUDA_MPS_LOG_DIRECTORY")
-    if not pipe or not log:
-        raise FakeMpsError("CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY must be set")
-    return Path(pipe), Path(log)
+    if not log:
+        raise FakeMpsError("the control daemon needs CUDA_MPS_LOG_DIRECTORY")
+    return Path(log)
 
 
 def ask(pipe: Path, command: str, timeout_s: float = _TIMEOUT_S) -> str:
@@ -151,7 +157,7 @@ class Daemon:
 
 
 def client(stdin: TextIO, stdout: TextIO) -> int:
-    pipe, _ = _dirs()
+    pipe = _pipe()
     for line in stdin:
         if line.strip():
             stdout.write(ask(pipe, line.strip()))
@@ -161,10 +167,10 @@ def client(stdin: TextIO, stdout: TextIO) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        pipe, log = _dirs()
         if args == ["-f"]:
-            return Daemon(pipe, log).serve()
+            return Daemon(_pipe(), _log_dir()).serve()
         if args == ["-d"]:
+            _pipe(), _log_dir()  # checked before detaching, as the real one does
             subprocess.Popen(
                 [sys.executable, "-m", __name__, "-f"],
                 start_new_session=True,

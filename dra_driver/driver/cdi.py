@@ -159,7 +159,10 @@ class CdiSpecs:
                 edits["env"] = [*edits.get("env", ()), *item.edits["env"]]
             if item.edits.get("mounts"):
                 edits["mounts"] = [dict(m) for m in item.edits["mounts"]]
-            devices.append({"name": self.device_name(ref.uid, dev.name), "containerEdits": edits})
+            entry = {"name": self.device_name(ref.uid, dev.name), "containerEdits": edits}
+            if entry in devices:  # two shares of one device in the claim: one CDI device
+                continue
+            devices.append(entry)
         common: dict[str, Any] = {
             "env": [
                 f"NVIDIA_VISIBLE_DEVICES={_visible_devices(planned)}",
@@ -209,7 +212,7 @@ def _visible_devices(planned: Sequence[Planned]) -> str:
     """UUIDs when every device serves the same request (so every container gets all of them);
     ``void`` otherwise, which also stops legacy NVIDIA hooks from adding GPUs on their own."""
     if len({p.request for p in planned}) == 1:
-        return ",".join(p.device.uuid for p in planned)
+        return ",".join(dict.fromkeys(p.device.uuid for p in planned))
     return "void"
 
 

@@ -387,11 +387,18 @@ class MpsDaemons:
 
 
 class Supervisor:
-    """Calls :meth:`MpsDaemons.supervise` every ``interval_s`` seconds on a daemon thread."""
+    """Runs ``check`` every ``interval_s`` seconds on a daemon thread (MPS housekeeping)."""
 
-    def __init__(self, *, daemons: MpsDaemons, interval_s: float) -> None:
-        self.daemons = daemons
+    def __init__(
+        self,
+        *,
+        check: Callable[[], object],
+        interval_s: float,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        self.check = check
         self.interval_s = interval_s
+        self.log = log
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mps-supervisor", daemon=True)
 
@@ -407,6 +414,6 @@ class Supervisor:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.daemons.supervise()
+                self.check()
             except Exception:  # never let supervision die; the next round retries
-                self.daemons.log.exception("MPS supervision failed; will retry")
+                self.log.exception("MPS supervision failed; will retry")

@@ -199,28 +199,44 @@ class MpsClaims:
         self.daemons.ensure(needs[0].daemon, devices, time_sliced=time_sliced, context=str(ref))
 
     def release(self, record: checkpoint.ClaimRecord) -> None:
-        """Stop the daemons of ``record`` that no other claim on disk still uses."""
+        """After ``record`` is gone from disk: stop its daemons that no claim on disk uses.
+
+        Never raises: a daemon that cannot be stopped (e.g. its GPU's compute mode cannot be
+        restored) is logged and stopped by the next :meth:`check`."""
         for daemon_id in sorted({d.mpsDaemon for d in record.devices if d.mpsDaemon}):
+            self._stop_if_unused(daemon_id, claim_uid=record.uid)
+
+    def check(self) -> None:
+        """Periodically: stop daemons no claim uses any more, restart those that died."""
+        for daemon_id in sorted(self.daemons.records()):
+            self._stop_if_unused(daemon_id, claim_uid=None)
+        self.daemons.supervise()
+
+    def _stop_if_unused(self, daemon_id: str, *, claim_uid: str | None) -> None:
+        try:
             stopped = self.daemons.release(
-                daemon_id,
-                still_wanted=functools.partial(self._used_by_others, daemon_id, record.uid),
+                daemon_id, still_wanted=functools.partial(self._in_use, daemon_id)
             )
-            if stopped:
-                self.log.info(
-                    "last claim of an MPS daemon unprepared", claim_uid=record.uid, daemon=daemon_id
-                )
+        except (claims.ClaimError, OSError) as exc:
+            self.log.error(
+                "MPS daemon not stopped; will retry",
+                daemon=daemon_id,
+                claim_uid=claim_uid,
+                error=str(exc),
+            )
+            return
+        if stopped:
+            self.log.info(
+                "no claim uses the MPS daemon any more", daemon=daemon_id, claim_uid=claim_uid
+            )
 
     def recover(self, prepared: Sequence[checkpoint.ClaimRecord]) -> list[str]:
         """Start-up: the daemons of prepared claims run (adopted or restarted), no others."""
         return self.daemons.recover(recorded_daemons(prepared, self.devices))
 
-    def _used_by_others(self, daemon_id: str, uid: str) -> bool:
-        return any(
-            d.mpsDaemon == daemon_id
-            for record in self.store.records()
-            if record.uid != uid
-            for d in record.devices
-        )
+    def _in_use(self, daemon_id: str) -> bool:
+        """Whether a claim record on disk (being prepared, or prepared) uses ``daemon_id``."""
+        return any(d.mpsDaemon == daemon_id for r in self.store.records() for d in r.devices)
 
     def _memory(self, uuid: str) -> int:
         return self.gpu_memory.get(uuid, 0)

@@ -10,8 +10,8 @@ Order of effects (crash-safety argument):
 prepare:   checkpoint PrepareStarted (carries the sharing intent and MPS daemon) → apply GPU
            sharing (:mod:`~dra_driver.driver.sharing`) → MPS daemon running
            (:mod:`~dra_driver.driver.mpsclaims`) → write CDI spec → checkpoint PrepareCompleted
-unprepare: restore GPU sharing defaults → stop the MPS daemon if no other claim uses it →
-           delete checkpoint record → remove CDI spec
+unprepare: restore GPU sharing defaults → delete checkpoint record → remove CDI spec →
+           stop the MPS daemon if no claim record uses it any more
 start-up:  sharing of completed records re-applied, of PrepareStarted ones restored; MPS
            daemons of completed records adopted or restarted, all others stopped;
            PrepareStarted → spec removed, record deleted (rolled back); a completed record
@@ -253,7 +253,9 @@ class ClaimState:
 
     def _forget(self, uid: str, *, strict: bool = True) -> None:
         """Drop a claim: GPU sharing restored first (a failure raises when ``strict``, keeping
-        the record so a retry or the next start-up restores it), then record, spec, ownership."""
+        the record so a retry or the next start-up restores it), then record, spec, ownership;
+        then its MPS daemons stop if no claim left on disk uses them (decided after the record
+        is gone, so of claims unprepared together the last one stops the daemon)."""
         record = self.store.get(uid)
         if record is not None:
             try:
@@ -262,16 +264,11 @@ class ClaimState:
                 if strict:
                     raise
                 self.log.error("GPU sharing not restored", claim_uid=uid, error=str(exc))
-            if self.mps is not None:
-                try:
-                    self.mps.release(record)
-                except claims.ClaimError as exc:
-                    if strict:
-                        raise
-                    self.log.error("MPS daemon not stopped", claim_uid=uid, error=str(exc))
         self.store.delete(uid)
         self.specs.remove(uid)
         self.ownership.release(uid)
+        if record is not None and self.mps is not None:
+            self.mps.release(record)
 
     # ---- helpers -------------------------------------------------------------------------------
 
