@@ -52,6 +52,29 @@ def errors(path: str, value: Any, policy: Mapping[str, Any], dev: str | None) ->
     return _valid_range(f"{path}.validRange", total, default, valid_range or {}, dev)
 
 
+def shown(value: quantity.Quantity) -> str:
+    """A quantity as the API server prints it (``1000Gi``, ``5``, ``2k``) in messages."""
+    if not value.is_integer() or value.sign() <= 0:
+        return str(value)
+    whole = value.as_integer()
+    if value.format is quantity.Format.BINARY_SI:
+        for shift, suffix in (
+            (60, "Ei"),
+            (50, "Pi"),
+            (40, "Ti"),
+            (30, "Gi"),
+            (20, "Mi"),
+            (10, "Ki"),
+        ):
+            if whole % (1 << shift) == 0:
+                return f"{whole >> shift}{suffix}"
+        return str(whole)
+    for exponent, suffix in ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if whole % 10**exponent == 0:
+            return f"{whole // 10**exponent}{suffix}"
+    return str(whole)
+
+
 def _q(text: Any) -> quantity.Quantity | None:
     try:
         return quantity.parse_quantity(str(text))
@@ -85,7 +108,7 @@ def _valid_values(
                 fielderrors.invalid(
                     f"{path}[{i}]",
                     str(raw[i]),
-                    f"option is larger than capacity value: {total}",
+                    f"option is larger than capacity value: {shown(total)}",
                     device=dev,
                 )
             )
@@ -96,7 +119,7 @@ def _valid_values(
         errors.append(
             fielderrors.invalid(
                 path,
-                str(default),
+                shown(default),
                 "default value is not valid according to the requestPolicy",
                 device=dev,
             )
@@ -122,49 +145,56 @@ def _valid_range(
     if low.compare(total) > 0:
         errors.append(
             fielderrors.invalid(
-                f"{path}.min", str(low), f"min is larger than capacity value: {total}", device=dev
+                f"{path}.min",
+                shown(low),
+                f"min is larger than capacity value: {shown(total)}",
+                device=dev,
             )
         )
     if default.compare(low) < 0:
         errors.append(
             fielderrors.invalid(
-                f"{path}.min", str(default), f"default is less than min: {low}", device=dev
+                f"{path}.min", shown(default), f"default is less than min: {shown(low)}", device=dev
             )
         )
     if high is not None:
         if low.compare(high) > 0:
             errors.append(
                 fielderrors.invalid(
-                    f"{path}.max", str(low), f"min is larger than max: {high}", device=dev
+                    f"{path}.max", shown(low), f"min is larger than max: {shown(high)}", device=dev
                 )
             )
         if high.compare(total) > 0:
             errors.append(
                 fielderrors.invalid(
                     f"{path}.max",
-                    str(high),
-                    f"max is larger than capacity value: {total}",
+                    shown(high),
+                    f"max is larger than capacity value: {shown(total)}",
                     device=dev,
                 )
             )
         if default.compare(high) > 0:
             errors.append(
                 fielderrors.invalid(
-                    f"{path}.max", str(default), f"default is more than max: {high}", device=dev
+                    f"{path}.max",
+                    shown(default),
+                    f"default is more than max: {shown(high)}",
+                    device=dev,
                 )
             )
     if step is not None:
         if step.sign() <= 0:
             return [
                 *errors,
-                fielderrors.invalid(f"{path}.step", str(step), "must be positive", device=dev),
+                fielderrors.invalid(f"{path}.step", shown(step), "must be positive", device=dev),
             ]
         if low.add(step).compare(total) > 0:
             errors.append(
                 fielderrors.invalid(
                     f"{path}.step",
-                    str(step),
-                    f"one step {low.add(step)} is larger than capacity value: {total}",
+                    shown(step),
+                    f"one step {shown(low.add(step))} is larger than capacity value: "
+                    f"{shown(total)}",
                     device=dev,
                 )
             )
@@ -173,8 +203,9 @@ def _valid_range(
                 errors.append(
                     fielderrors.invalid(
                         f"{path}.step",
-                        str(what),
-                        f"value is not a multiple of a given step ({step}) from ({low})",
+                        shown(what),
+                        f"value is not a multiple of a given step ({shown(step)}) from "
+                        f"({shown(low)})",
                         device=dev,
                     )
                 )

@@ -62,7 +62,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "kubelet-plugin-fake": {
         **_COMMON,
         "fakeGPU": {"profile": "dgx-h100"},
-        "kubeletPlugin": {**_PATHS, "seamlessUpgrade": True},
+        "kubeletPlugin": {**_PATHS, "seamlessUpgrade": True, "shareable": "H100"},
     },
     "device-plugin-fake": {
         **_COMMON,
