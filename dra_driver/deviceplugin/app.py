@@ -10,15 +10,26 @@ test kubelet.
 from __future__ import annotations
 
 import dataclasses
+import enum
+import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 
 from dra_driver import health_server, logs
 from dra_driver.deviceplugin import allocate, cdi, inventory, registrar, service
-from dra_driver.devices import health, model, topology
+from dra_driver.deviceplugin import mps as mps_replicas
+from dra_driver.devices import control, health, model, nvml, topology
+from dra_driver.driver import checkpoint, driverfiles, mps
 
 _log = logs.get("deviceplugin.app")
+
+
+class SharingStrategy(enum.StrEnum):
+    """How the replicas of one GPU share it (with ``--replicas`` above 1)."""
+
+    TIME_SLICING = "time-slicing"  # no limits: CUDA time-slicing between the containers
+    MPS = "mps"  # one MPS daemon per GPU; each replica 1/N of memory and SMs
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,6 +46,9 @@ class Config:
     fake_node: str | None = None  # with a fake backend: the host node backing /dev/nvidia*
     poll_interval_s: float = 0.5
     stream_poll_s: float = 1.0
+    sharing: SharingStrategy = SharingStrategy.TIME_SLICING
+    mps_dir: Path = Path("/run/dra-driver/mps")  # daemons' pipe, log and shm dirs; records
+    driver_root: Path = Path("/")  # where nvidia-cuda-mps-control is found (real GPUs)
 
 
 class DevicePluginApp:
@@ -48,8 +62,10 @@ class DevicePluginApp:
         health_source: health.HealthSource,
         mig_minors: Mapping[str, int] | None,
         readiness: health_server.Readiness | None = None,
+        gpu_control: control.GpuControl | None = None,
     ) -> None:
-        """``mig_minors``: the host's MIG capability minors, ``None`` with a fake backend."""
+        """``mig_minors``: the host's MIG capability minors, ``None`` with a fake backend;
+        ``gpu_control`` (MPS replicas switch compute modes): default by ``config.fake_node``."""
         self.config = config
         self.readiness = readiness or health_server.Readiness(
             conditions=health_server.DEVICE_PLUGIN_CONDITIONS
@@ -72,6 +88,12 @@ class DevicePluginApp:
             units=units,
             fake_node=config.fake_node,
         )
+        self.daemons = _daemons(config, devices, gpu_control)
+        self.mps = (
+            mps_replicas.MpsReplicas(daemons=self.daemons, units=units, replicas=config.replicas)
+            if config.sharing is SharingStrategy.MPS
+            else None
+        )
         topo = topology.build(devices)
         self._fatal: registrar.RegistrationError | None = None
         self._done = threading.Event()
@@ -86,6 +108,7 @@ class DevicePluginApp:
                 spec=self.spec,
                 fake_node=config.fake_node,
                 stream_poll_s=config.stream_poll_s,
+                mps=self.mps,
             )
             self.endpoints[res.name] = registrar.Endpoint(
                 service=svc,
@@ -96,9 +119,13 @@ class DevicePluginApp:
             )
 
     def start(self) -> None:
-        """Write the CDI spec, then serve and register every resource."""
+        """Write the CDI spec, start (or adopt) the MPS daemons of MPS replicas (stopping any
+        left from an earlier MPS configuration otherwise), then serve and register."""
         if self.config.strategy is allocate.Strategy.CDI:
             self.spec.ensure()
+        problems = self.mps.start() if self.mps is not None else self.daemons.recover({})
+        for problem in problems:
+            _log.error("MPS daemon problem", problem=problem)
         for name, endpoint in self.endpoints.items():
             try:
                 endpoint.start()
@@ -140,3 +167,32 @@ class DevicePluginApp:
             everything = self._registered >= set(self.endpoints)
         if everything:
             self.readiness.set("registered")
+
+
+def _daemons(
+    config: Config, devices: model.NodeDevices, gpu_control: control.GpuControl | None
+) -> mps.MpsDaemons:
+    """The MPS daemons under ``config.mps_dir``: the stand-in and a recording GPU control with a
+    fake backend, else the driver root's nvidia-cuda-mps-control and NVML."""
+    log = logs.get("deviceplugin.mps")
+    if config.fake_node is not None:
+        command: tuple[str, ...] = (sys.executable, "-m", "dra_driver.devices.fakemps")
+        gpu_control = gpu_control or control.FakeGpuControl.for_devices(
+            devices, state_file=config.mps_dir / "fake-gpu-control.json"
+        )
+    else:
+        files = driverfiles.discover(config.driver_root) if config.sharing == "mps" else ()
+        found = {Path(m.container_path).name: Path(m.local_path or m.host_path) for m in files}
+        binary = found.get("nvidia-cuda-mps-control")
+        command = (str(binary),) if binary is not None else ()
+        gpu_control = gpu_control or control.HostGpuControl(
+            nvml_api=nvml.real_module(), nvidia_smi=None
+        )
+    return mps.MpsDaemons(
+        root=config.mps_dir,
+        command=command,
+        gpu_control=gpu_control,
+        boot_id=checkpoint.read_boot_id(),
+        log=log,
+        isolate_shm=config.fake_node is None,
+    )

@@ -81,6 +81,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "devicePlugin": {
             "enabled": True,
             "replicas": 3,
+            "sharingStrategy": "mps",
+            "mpsDir": "/x/mps",
             "migStrategy": "mixed",
             "deviceListStrategy": "envvar",
             "resourceName": "example.com/gpu",
