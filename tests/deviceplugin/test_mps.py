@@ -3,6 +3,7 @@ replica's container gets the pipe directory and 1/N of the GPU, one replica per 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,10 +33,8 @@ def _kill_all(mps_dir: Path) -> None:
     for record in _records(mps_dir).values():
         pid = record.get("pid")
         if isinstance(pid, int):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture
