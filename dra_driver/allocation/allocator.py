@@ -11,10 +11,20 @@ NVLink/NUMA/PCIe placement among all that fit. The result has the shape of a cla
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dra_driver.allocation import claim, explain, firstfit, placement, pools, selection, solver
+from dra_driver.allocation import (
+    capacity,
+    claim,
+    explain,
+    firstfit,
+    placement,
+    pools,
+    selection,
+    solver,
+)
 from dra_driver.devices import model, topology
 
 NUMA_ATTRIBUTE = "resource.kubernetes.io/numaNode"
@@ -46,11 +56,15 @@ def allocate(
     allocated: Iterable[pools.DeviceId] = (),
     node_devices: model.NodeDevices | None = None,
     node_labels: Mapping[str, str] | None = None,
+    ledger: capacity.Ledger | None = None,
+    share_rng: random.Random | None = None,
 ) -> Outcome:
     """Allocate ``claim_obj`` (a v1 ResourceClaim or ResourceClaimTemplate) on ``node_name``.
 
     ``node_devices`` (when known) gives exact NVLink link counts for scoring; otherwise the
-    ``nvlinkIsland``, NUMA node and PCIe root attributes of the devices are used. Raises
+    ``nvlinkIsland``, NUMA node and PCIe root attributes of the devices are used. ``ledger``:
+    what earlier claims consume of shared devices; ``share_rng`` makes shareIDs reproducible.
+    Raises
     :class:`claim.ClaimError` for a malformed claim or class or a selector that does not
     compile, and :class:`pools.SliceError` for a malformed slice.
     """
@@ -59,7 +73,9 @@ def allocate(
     pool_list = pools.gather(slices, node_name=node_name, node_labels=node_labels)
     bad_pools = [p for p in pool_list if p.incomplete or p.invalid]
     devices = [d for p in pool_list if not (p.incomplete or p.invalid) for d in p.devices]
-    sel = selection.Selection(devices=devices, classes=class_map, in_use=set(allocated))
+    sel = selection.Selection(
+        devices=devices, classes=class_map, in_use=set(allocated), ledger=ledger
+    )
     try:
         sel.compile_all(parsed)
     except selection.UnknownClassError as err:
@@ -90,7 +106,7 @@ def allocate(
         notes.append("placement search stopped at its node limit; the choice may not be optimal")
     return Outcome(
         parsed.name,
-        allocation_result(parsed, plan, sel),
+        allocation_result(parsed, plan, sel, share_rng=share_rng),
         score=plan.score,
         notes=tuple(notes),
     )
@@ -146,9 +162,14 @@ def _string(device: pools.Device, name: str) -> str | None:
 
 
 def allocation_result(
-    parsed: claim.Claim, plan: solver.Plan, sel: selection.Selection
+    parsed: claim.Claim,
+    plan: solver.Plan,
+    sel: selection.Selection,
+    *,
+    share_rng: random.Random | None = None,
 ) -> dict[str, Any]:
-    """``status.allocation`` as the scheduler writes it (results, config, nodeSelector)."""
+    """``status.allocation`` as the scheduler writes it (results, config, nodeSelector); a
+    share of a multi-allocatable device gets its ``shareID`` and ``consumedCapacity``."""
     results: list[dict[str, Any]] = []
     chosen: list[pools.Device] = []
     for req, positions in plan.picks:
@@ -165,6 +186,10 @@ def allocation_result(
                 entry["adminAccess"] = True
             if req.tolerations:
                 entry["tolerations"] = [dict(t) for t in req.tolerations]
+            if capacity.multi_allocatable(dev):
+                consumed = sel.capacity_fit(req, pos).consumed or {}
+                entry["shareID"] = capacity.share_id(share_rng)
+                entry["consumedCapacity"] = capacity.as_status(consumed, dev)
             results.append(entry)
     devices: dict[str, Any] = {"results": results}
     config = _configs(parsed, plan, sel)

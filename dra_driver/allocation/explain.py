@@ -79,7 +79,8 @@ def device_reason(sel: selection.Selection, req: claim.Request, pos: int) -> str
             f"tainted {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} "
             "and the request does not tolerate it"
         )
-    return None
+    fit = sel.capacity_fit(req, pos)
+    return None if fit.ok else fit.reason
 
 
 def _plural(n: int, word: str) -> str:

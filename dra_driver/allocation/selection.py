@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dra_driver.allocation import cel, claim, pools
+from dra_driver.allocation import capacity, cel, claim, pools
 
 
 class UnknownClassError(Exception):
@@ -44,10 +44,13 @@ class Selection:
         devices: Sequence[pools.Device],
         classes: Mapping[str, claim.DeviceClass],
         in_use: set[pools.DeviceId],
+        ledger: capacity.Ledger | None = None,
     ) -> None:
         self.devices = list(devices)
         self.classes = classes
-        self.in_use = [d.id in in_use for d in self.devices]
+        self.in_use = [d.id in in_use and not capacity.multi_allocatable(d) for d in self.devices]
+        self.ledger = ledger or capacity.Ledger()
+        self._fits: dict[tuple[str, int], capacity.Fit] = {}
         self._cache: dict[tuple[str, int], Failure | None] = {}
         self._prepared: dict[int, cel.CelDevice | cel.CelEvalError] = {}
         self._compiled: dict[str, cel.CompiledSelector] = {}
@@ -135,13 +138,23 @@ class Selection:
                 return taint
         return None
 
+    def capacity_fit(self, req: claim.Request, pos: int) -> capacity.Fit:
+        """Whether what is left of device ``pos`` covers ``req``'s capacity (consumable capacity;
+        every device is checked, as the scheduler does)."""
+        key = (req.name, pos)
+        if key not in self._fits:
+            dev = self.devices[pos]
+            self._fits[key] = capacity.fit(dev, req.capacity, self.ledger.of(dev.id))
+        return self._fits[key]
+
     def usable(self, req: claim.Request, pos: int) -> bool:
-        """Free (or admin access), untainted for this request, and matching its selectors."""
+        """Free (or admin access), untainted for this request, matching its selectors, and with
+        enough capacity left."""
         if self.in_use[pos] and not req.admin_access:
             return False
         if self.taint_blocks(req, pos) is not None:
             return False
-        return self.matches(req, pos)
+        return self.matches(req, pos) and self.capacity_fit(req, pos).ok
 
 
 def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:

@@ -10,6 +10,7 @@ the file and document at fault.
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,10 @@ from typing import Any
 import yaml
 
 from dra_driver import deviceclasses
-from dra_driver.allocation import allocator, claim, pools
+from dra_driver.allocation import allocator, capacity, claim, pools
 from dra_driver.devices import model
 from dra_driver.slices import build as slices_build
+from dra_driver.slices import shares
 
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 IGNORED_KINDS = ("Pod", "Deployment", "Job", "Namespace")
@@ -39,6 +41,7 @@ class Inputs:
     node_name: str
     allocated: set[pools.DeviceId]
     node_devices: model.NodeDevices | None = None
+    consumed: capacity.Ledger = dataclasses.field(default_factory=capacity.Ledger)
 
 
 def parse_documents(text: str, *, source: str) -> list[dict[str, Any]]:
@@ -112,11 +115,17 @@ def merge_classes(*groups: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def fake_slices(
-    devices: model.NodeDevices, *, node_name: str, driver_name: str
+    devices: model.NodeDevices,
+    *,
+    node_name: str,
+    driver_name: str,
+    shareable: shares.Shareable = shares.NONE,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices the driver would publish for these devices."""
     try:
-        built = slices_build.build(devices, node_name=node_name, driver_name=driver_name)
+        built = slices_build.build(
+            devices, node_name=node_name, driver_name=driver_name, shareable=shareable
+        )
     except slices_build.BuildError as err:
         raise SimulateError(str(err)) from err
     return built.slices
@@ -140,9 +149,19 @@ def allocated_from(docs: Iterable[Any], *, source: str) -> set[pools.DeviceId]:
         raise SimulateError(f"{source}: {err}") from err
 
 
-def run(inputs: Inputs) -> list[allocator.Outcome]:
-    """Allocate the claims one after another; each sees the devices the previous ones took."""
+def consumed_from(docs: Iterable[Any], *, source: str) -> capacity.Ledger:
+    """What shares in ResourceClaims (with status) or bare results consume of shared devices."""
+    try:
+        return capacity.Ledger.from_allocated(docs)
+    except capacity.CapacityError as err:
+        raise SimulateError(f"{source}: {err}") from err
+
+
+def run(inputs: Inputs, *, share_rng: random.Random | None = None) -> list[allocator.Outcome]:
+    """Allocate the claims one after another; each sees the devices (and the capacity of
+    shared devices) the previous ones took."""
     used = set(inputs.allocated)
+    ledger = inputs.consumed.copy()
     outcomes: list[allocator.Outcome] = []
     for obj in inputs.claims:
         try:
@@ -153,12 +172,18 @@ def run(inputs: Inputs) -> list[allocator.Outcome]:
                 node_name=inputs.node_name,
                 allocated=used,
                 node_devices=inputs.node_devices,
+                ledger=ledger,
+                share_rng=share_rng,
             )
-        except (claim.ClaimError, pools.SliceError) as err:
+        except (claim.ClaimError, pools.SliceError, capacity.CapacityError) as err:
             raise SimulateError(str(err)) from err
         outcomes.append(outcome)
         if outcome.allocation is not None:
             used |= pools.allocated_ids([outcome.allocation["devices"]])
+            for entry in capacity.Ledger.from_allocated(
+                [outcome.allocation["devices"]]
+            ).used.items():
+                ledger.add(*entry)
     return outcomes
 
 

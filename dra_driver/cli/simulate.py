@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 
 from dra_driver import cli
-from dra_driver.allocation import simulator
+from dra_driver.allocation import capacity, simulator
 from dra_driver.cli import common
 from dra_driver.devices import backend, model, profiles
 from dra_driver.slices import build as slices_build
@@ -75,6 +75,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "whose devices are in use (repeatable)",
     )
     parser.add_argument(
+        "--shareable",
+        metavar="none|all|REGEX",
+        default="none",
+        help="with a profile: publish these GPUs as shareable, as the node agent's --shareable "
+        "does (default none)",
+    )
+    parser.add_argument(
         "--driver-name",
         default=slices_build.DEFAULT_DRIVER_NAME,
         help="driver name for slices built from a profile (default %(default)s)",
@@ -112,8 +119,12 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
         simulator.builtin_classes(driver_name=args.driver_name), user_classes
     )
     allocated: set[tuple[str, str, str]] = set()
+    consumed = capacity.Ledger()
     for path in args.allocated:
-        allocated |= simulator.allocated_from(simulator.load_file(path), source=str(path))
+        docs = simulator.load_file(path)
+        allocated |= simulator.allocated_from(docs, source=str(path))
+        for device, used in simulator.consumed_from(docs, source=str(path)).used.items():
+            consumed.add(device, used)
 
     node_devices = None
     slices = list(main["slices"])
@@ -127,8 +138,12 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
         node_devices = _devices(args)
         default = "fake-node" if args.fake or args.fake_file else socket.gethostname()
         node_name = node_name or default
+        try:
+            shareable = common.shareable_from(args)
+        except common.UsageError as err:
+            raise simulator.SimulateError(str(err)) from err
         slices = simulator.fake_slices(
-            node_devices, node_name=node_name, driver_name=args.driver_name
+            node_devices, node_name=node_name, driver_name=args.driver_name, shareable=shareable
         )
     elif node_name is None:
         node_name = simulator.slice_node(slices)
@@ -144,6 +159,7 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
         node_name=node_name,
         allocated=allocated,
         node_devices=node_devices,
+        consumed=consumed,
     )
 
 
