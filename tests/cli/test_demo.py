@@ -81,3 +81,24 @@ def test_demo_unknown_profile_is_exit_2(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "unknown fake profile 'nope'" in proc.stderr
+
+
+def test_sharing_scene_shares_one_h100_and_stops_the_daemon_with_the_last_share() -> None:
+    out = io.StringIO()
+    code = demo.run(
+        backend=fake.FakeBackend.from_name("dgx-h100"),
+        node_name="n1",
+        driver_name="gpu.nvidia.com",
+        out=out,
+        scenes=["sharing"],
+    )
+    text = out.getvalue()
+    assert code == 0, text[-3000:]
+    assert "gpu-0 is published with allowMultipleAllocations: true" in text
+    for pod, memory, threads in (("a", 20480, 25), ("b", 30720, 35), ("c", 30720, 40)):
+        assert f"[ok] share-{pod}: prepared" in text
+        assert f"={memory}M" in text
+        assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}" in text
+    assert "gpu-0: 0 of memory left, 20Gi requested" in text
+    assert "[ok] share-c: unprepared; MPS daemon gone" in text
+    assert "[ok] gpu-0 back in compute mode Default" in text
