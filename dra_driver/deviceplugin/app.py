@@ -48,6 +48,7 @@ class Config:
     stream_poll_s: float = 1.0
     sharing: SharingStrategy = SharingStrategy.TIME_SLICING
     mps_dir: Path = Path("/run/dra-driver/mps")  # daemons' pipe, log and shm dirs; records
+    mps_check_interval_s: float = 10.0  # how often dead MPS daemons are restarted
     driver_root: Path = Path("/")  # where nvidia-cuda-mps-control is found (real GPUs)
 
 
@@ -94,6 +95,10 @@ class DevicePluginApp:
             if config.sharing is SharingStrategy.MPS
             else None
         )
+        # Restarts a daemon that died (every few seconds while MPS replicas are served).
+        self._supervisor = mps.Supervisor(
+            check=self.daemons.supervise, interval_s=config.mps_check_interval_s, log=_log
+        )
         topo = topology.build(devices)
         self._fatal: registrar.RegistrationError | None = None
         self._done = threading.Event()
@@ -126,6 +131,8 @@ class DevicePluginApp:
         problems = self.mps.start() if self.mps is not None else self.daemons.recover({})
         for problem in problems:
             _log.error("MPS daemon problem", problem=problem)
+        if self.mps is not None:
+            self._supervisor.start()
         for name, endpoint in self.endpoints.items():
             try:
                 endpoint.start()
@@ -141,7 +148,9 @@ class DevicePluginApp:
             )
 
     def stop(self) -> None:
-        """Stop every endpoint and remove our sockets; the static CDI spec stays."""
+        """Stop every endpoint and remove our sockets; the static CDI spec and the MPS daemons
+        stay (containers still use them; the next start adopts them)."""
+        self._supervisor.stop()
         for endpoint in self.endpoints.values():
             endpoint.stop()
         self._done.set()

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import grpc
@@ -83,6 +84,18 @@ def test_mps_replicas_get_the_daemon_and_a_quarter_of_the_gpu(
             stub.Allocate(two, timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "exactly one replica (asked for 2)" in str(err.value.details())
+
+        # A daemon that dies is restarted by supervision.
+        dead = records["gpu-3"]["pid"]
+        assert isinstance(dead, int)
+        os.kill(dead, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while running.app.daemons.alive(running.app.daemons.records()["gpu-3"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert running.app.daemons.supervise() == ["gpu-3"]
+        records = _records(mps_dir)
+        assert records["gpu-3"]["pid"] != dead
 
         # A restarted plugin adopts the daemons (same pids); one without MPS stops them all.
         pids = {k: r["pid"] for k, r in records.items()}
