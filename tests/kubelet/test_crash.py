@@ -88,7 +88,7 @@ def test_sigkill_at_random_points_leaves_consistent_state(
     kills = 0
     outcome: dict[str, list[str]] = {"errors": [], "calls": [], "interrupted": []}
     started = time.monotonic()
-    while time.monotonic() - started < BUDGET_S:
+    while kills < 3 or time.monotonic() - started < BUDGET_S:  # slow machines: 3 kills at least
         plugin = PluginProcess(base=short_dir, kubeconfig=kubeconfig).start()
         plugin.wait_ready()
         kubelet = KubeletSim(plugin.registry_dir)

@@ -100,7 +100,7 @@ def test_sigkill_with_shares_leaves_no_daemon_mode_or_spec_behind(
     kills = 0
     try:
         started = time.monotonic()
-        while time.monotonic() - started < BUDGET_S:
+        while kills < 3 or time.monotonic() - started < BUDGET_S:  # slow machines: 3 kills at least
             plugin = PluginProcess(base=short_dir, kubeconfig=kubeconfig).start()
             plugin.wait_ready()
             kubelet = KubeletSim(plugin.registry_dir)
