@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
+from dra_driver.demo import health, sharing, walkthrough
 from dra_driver.demo import report as reporting
-from dra_driver.demo import sharing, walkthrough
 from dra_driver.devices import fake
 
 DEFAULT_PROFILE = "dgx-h100"
@@ -40,6 +40,7 @@ class Scene:
 # The core scene first; later scenes (topology, health, sharing, MIG) append themselves here.
 SCENES: tuple[Scene, ...] = (
     Scene("core", walkthrough.scene, own_profile=False),
+    Scene("health", health.scene, own_profile=True),
     Scene("sharing", sharing.scene, own_profile=True),
 )
 

@@ -73,6 +73,8 @@ class AllocatedDevice:
     configs: tuple[OpaqueConfig, ...]
     # What a share of a multi-allocatable device consumes (``consumedCapacity``): name → quantity.
     consumed_capacity: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The request's tolerations, as the scheduler copied them into the result.
+    tolerations: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def request_name(self) -> str:
@@ -148,6 +150,11 @@ def allocated_devices(
             isinstance(k, str) and isinstance(v, str | int) for k, v in consumed.items()
         ):
             raise ClaimError(f"{ref}: {where}.consumedCapacity is not a map of quantities")
+        tolerations = result.get("tolerations") or []
+        if not isinstance(tolerations, list) or not all(
+            isinstance(t, Mapping) for t in tolerations
+        ):
+            raise ClaimError(f"{ref}: {where}.tolerations must be a list of objects")
         ours.append(
             AllocatedDevice(
                 request=request,
@@ -157,6 +164,7 @@ def allocated_devices(
                 share_id=share_id or None,
                 configs=tuple(c for c in configs if c.applies_to(request)),
                 consumed_capacity={k: str(v) for k, v in consumed.items()},
+                tolerations=tuple(tolerations),
             )
         )
     if foreign_pool:
