@@ -353,21 +353,32 @@ class MpsDaemons:
     def _read(self, path: Path) -> DaemonRecord | None:
         try:
             return DaemonRecord.model_validate(json.loads(path.read_bytes()))
-        except (OSError, ValueError) as exc:
-            self.log.error(
-                "unreadable MPS daemon record; ignoring it", file=str(path), error=str(exc)
-            )
-            return None
+        except (OSError, ValueError):
+            return None  # start-up (recover) deals with it, once
 
     def _drop_other_boots(self) -> None:
+        """Records of an earlier boot go (nothing of theirs runs); an unreadable record goes
+        too, after its daemon, if one runs, is ended (found by its marker)."""
         if not self.records_dir.is_dir():
             return
         atomicfile.remove_stale_temporaries(self.records_dir)
         for path in self.records_dir.glob("*.json"):
             record = self._read(path)
-            if record is not None and record.bootId != self.boot_id:
-                shutil.rmtree(self.dirs(record.id).root, ignore_errors=True)
-                atomicfile.remove(path, durable=False)
+            if record is None:
+                pipe = self.root / path.stem / "pipe"
+                pid = self.processes.find(pipe)
+                if pid is not None:
+                    self.processes.end(pipe, pid, None)
+                self.log.error(
+                    "unreadable MPS daemon record removed; its daemon is ended, but the compute "
+                    "mode of its GPU is unknown and may still be ExclusiveProcess",
+                    file=str(path),
+                    daemon_pid=pid,
+                )
+            elif record.bootId == self.boot_id:
+                continue
+            shutil.rmtree(self.root / path.stem, ignore_errors=True)
+            atomicfile.remove(path, durable=False)
 
     def _remove_stray_dirs(self) -> None:
         """Daemon directories no record names (a crash after the record went)."""

@@ -287,3 +287,14 @@ def test_a_daemon_that_does_not_come_up_fails_the_claim_and_undoes_everything(
     assert sharekit.daemon_records(node) == {}
     assert sharekit.compute_modes(node) == {sharekit.uuid_of(node, "gpu-0"): "Default"}
     assert node.spec_files() == [] and not list(node.claims_dir.glob("*.json"))
+
+
+def test_an_unreadable_daemon_record_is_removed_and_its_daemon_ended(node: Node) -> None:
+    ref = node.add(share_claim("u", share("gpu-3", memory="4Gi")))
+    assert node.driver.prepare([ref])[ref.uid].error == ""
+    (node.claims_dir / f"{ref.uid}.json").unlink()  # nothing wants the daemon any more
+    record = sharekit.mps_root(node) / "daemons" / "gpu-3.json"
+    record.write_text("{not json")
+    node.restart()
+    assert wait_for(lambda: sharekit.daemon_pids(node) == {})
+    assert not record.exists() and sharekit.daemon_dirs(node) == set()
