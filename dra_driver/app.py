@@ -20,7 +20,6 @@ import dataclasses
 import hashlib
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +39,7 @@ from dra_driver.driver import (
     inventory,
     mps,
     mpsclaims,
+    mpsprocess,
     sharing,
     state,
 )
@@ -186,7 +186,7 @@ def build_driver(
             daemons=mps_daemons_for(settings, files=files, gpu_control=control_, log=log),
             store=store,
             devices=preparable,
-            gpu_memory=gpu_memory(devices),
+            gpu_memory=mpsclaims.gpu_memory(devices),
             driver_name=settings.driver_name,
             log=log,
         ),
@@ -241,17 +241,11 @@ def mps_daemons_for(
     """MPS control daemons under ``<plugin dir>/mps``: the stand-in on fake nodes, else the
     driver root's ``nvidia-cuda-mps-control`` (with its libraries), in a mount namespace whose
     ``/dev/shm`` is the directory its clients get."""
-    command: tuple[str, ...] = (sys.executable, "-m", "dra_driver.devices.fakemps")
-    env: dict[str, str] = {}
-    if not settings.fake:
-        found = {Path(m.container_path).name: Path(m.local_path or m.host_path) for m in files}
-        binary = found.get("nvidia-cuda-mps-control")
-        command = (str(binary),) if binary is not None else ()
-        libcuda = found.get("libcuda.so.1")
-        if libcuda is not None and (settings.driver_root_mount or settings.driver_root) != Path(
-            "/"
-        ):
-            env["LD_LIBRARY_PATH"] = str(libcuda.parent)
+    command, env = mpsprocess.program(
+        fake=settings.fake,
+        files=files,
+        driver_root_is_slash=(settings.driver_root_mount or settings.driver_root) == Path("/"),
+    )
     return mps.MpsDaemons(
         root=settings.plugin_dir / "mps",
         command=command,
@@ -261,13 +255,6 @@ def mps_daemons_for(
         env=env,
         isolate_shm=not settings.fake,
     )
-
-
-def gpu_memory(devices: model.NodeDevices) -> dict[str, int]:
-    """GPU and MIG device UUID → memory in bytes."""
-    sizes = {gpu.uuid: gpu.memory_bytes for gpu in devices.gpus}
-    sizes.update({m.uuid: m.memory_bytes for gpu in devices.gpus for m in gpu.mig_devices})
-    return sizes
 
 
 def start_publisher(
@@ -409,7 +396,7 @@ def run(
     )
     cleanup = driver_mod.CleanupLoop(driver=driver, interval_s=settings.cleanup_interval_s, log=log)
     supervisor = (
-        mps.Supervisor(
+        mpsprocess.Supervisor(
             check=driver.state.mps.check, interval_s=settings.mps_check_interval_s, log=log
         )
         if driver.state.mps is not None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,7 +19,7 @@ from dra_driver import health_server, logs
 from dra_driver.deviceplugin import allocate, cdi, inventory, registrar, service
 from dra_driver.deviceplugin import mps as mps_replicas
 from dra_driver.devices import control, health, model, nvml, topology
-from dra_driver.driver import checkpoint, driverfiles, mps
+from dra_driver.driver import checkpoint, driverfiles, mps, mpsprocess
 
 _log = logs.get("deviceplugin.app")
 
@@ -96,7 +95,7 @@ class DevicePluginApp:
             else None
         )
         # Restarts a daemon that died (every few seconds while MPS replicas are served).
-        self._supervisor = mps.Supervisor(
+        self._supervisor = mpsprocess.Supervisor(
             check=self.daemons.supervise, interval_s=config.mps_check_interval_s, log=_log
         )
         topo = topology.build(devices)
@@ -184,22 +183,23 @@ def _daemons(
     """The MPS daemons under ``config.mps_dir``: the stand-in and a recording GPU control with a
     fake backend, else the driver root's nvidia-cuda-mps-control and NVML."""
     log = logs.get("deviceplugin.mps")
-    if config.fake_node is not None:
-        command: tuple[str, ...] = (sys.executable, "-m", "dra_driver.devices.fakemps")
+    fake = config.fake_node is not None
+    files = driverfiles.discover(config.driver_root) if config.sharing == "mps" and not fake else ()
+    command, env = mpsprocess.program(
+        fake=fake, files=files, driver_root_is_slash=config.driver_root == Path("/")
+    )
+    if fake:
         gpu_control = gpu_control or control.FakeGpuControl.for_devices(
             devices, state_file=config.mps_dir / "fake-gpu-control.json"
         )
     else:
-        files = driverfiles.discover(config.driver_root) if config.sharing == "mps" else ()
-        found = {Path(m.container_path).name: Path(m.local_path or m.host_path) for m in files}
-        binary = found.get("nvidia-cuda-mps-control")
-        command = (str(binary),) if binary is not None else ()
         gpu_control = gpu_control or control.HostGpuControl(
             nvml_api=nvml.real_module(), nvidia_smi=None
         )
     return mps.MpsDaemons(
         root=config.mps_dir,
         command=command,
+        env=env,
         gpu_control=gpu_control,
         boot_id=checkpoint.read_boot_id(),
         log=log,

@@ -40,7 +40,6 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -395,36 +394,3 @@ class MpsDaemons:
         except OSError:
             text = ""
         return " ".join(text.split())[-300:] or "no output"
-
-
-class Supervisor:
-    """Runs ``check`` every ``interval_s`` seconds on a daemon thread (MPS housekeeping)."""
-
-    def __init__(
-        self,
-        *,
-        check: Callable[[], object],
-        interval_s: float,
-        log: structlog.typing.FilteringBoundLogger,
-    ) -> None:
-        self.check = check
-        self.interval_s = interval_s
-        self.log = log
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="mps-supervisor", daemon=True)
-
-    def start(self) -> None:
-        if self.interval_s > 0:
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.check()
-            except Exception:  # never let supervision die; the next round retries
-                self.log.exception("MPS supervision failed; will retry")

@@ -32,6 +32,7 @@ from typing import Any, Final, Literal
 
 import structlog
 
+from dra_driver.devices import model
 from dra_driver.driver import checkpoint, claims, config, inventory, mps
 from dra_driver.slices import shares
 
@@ -126,6 +127,13 @@ def edits(needs: Sequence[Need], *, dirs: mps.Dirs) -> dict[str, Any]:
         for host, path in ((dirs.pipe, CONTAINER_PIPE), (dirs.shm, CONTAINER_SHM))
     ]
     return {"env": env, "mounts": mounts}
+
+
+def gpu_memory(devices: model.NodeDevices) -> dict[str, int]:
+    """GPU and MIG device UUID → memory in bytes (to tell a whole-GPU share)."""
+    sizes = {gpu.uuid: gpu.memory_bytes for gpu in devices.gpus}
+    sizes.update({m.uuid: m.memory_bytes for gpu in devices.gpus for m in gpu.mig_devices})
+    return sizes
 
 
 def recorded_daemons(

@@ -4,8 +4,9 @@ Why it exists: :mod:`dra_driver.driver.mps` decides *when* a daemon runs and kee
 this module knows *how* a process is started (foreground ``-f``, its own session so it outlives
 the agent, a marker in its environment), recognised again after an agent restart (pid plus the
 kernel's start time, so a reused pid never passes for it), asked to ``quit`` through the control
-client, and, if it does not, ended with SIGTERM and SIGKILL. The program is a command prefix:
-the real ``nvidia-cuda-mps-control`` or the stand-in :mod:`dra_driver.devices.fakemps`.
+client, and, if it does not, ended with SIGTERM and SIGKILL. The program is a command prefix
+(:func:`program`): the real ``nvidia-cuda-mps-control`` or the stand-in
+:mod:`dra_driver.devices.fakemps`. :class:`Supervisor` runs the periodic housekeeping.
 """
 
 from __future__ import annotations
@@ -14,10 +15,16 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
+
+import structlog
+
+from dra_driver.driver import driverfiles
 
 MARKER: Final = "DRA_DRIVER_MPS_DAEMON"
 POLL_S: Final = 0.02
@@ -119,6 +126,57 @@ class Processes:
                 time.sleep(POLL_S)
             if not self.alive(pid, start_time):
                 return
+
+
+def program(
+    *, fake: bool, files: Sequence[driverfiles.Mount], driver_root_is_slash: bool
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(command, extra environment) of the MPS control program: the stand-in
+    :mod:`dra_driver.devices.fakemps` on fake nodes, else ``nvidia-cuda-mps-control`` from the
+    driver root (none found: an empty command, and starting a daemon says so), with the driver
+    root's libraries when that root is not ``/``."""
+    if fake:
+        return (sys.executable, "-m", "dra_driver.devices.fakemps"), {}
+    found = {Path(m.container_path).name: Path(m.local_path or m.host_path) for m in files}
+    binary = found.get("nvidia-cuda-mps-control")
+    env: dict[str, str] = {}
+    libcuda = found.get("libcuda.so.1")
+    if libcuda is not None and not driver_root_is_slash:
+        env["LD_LIBRARY_PATH"] = str(libcuda.parent)
+    return ((str(binary),) if binary is not None else ()), env
+
+
+class Supervisor:
+    """Runs ``check`` every ``interval_s`` seconds on a daemon thread (MPS housekeeping)."""
+
+    def __init__(
+        self,
+        *,
+        check: Callable[[], object],
+        interval_s: float,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        self.check = check
+        self.interval_s = interval_s
+        self.log = log
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mps-supervisor", daemon=True)
+
+    def start(self) -> None:
+        if self.interval_s > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.check()
+            except Exception:  # never let supervision die; the next round retries
+                self.log.exception("MPS supervision failed; will retry")
 
 
 def start_time(pid: int) -> int | None:
