@@ -41,7 +41,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, TypeVar
 
 import pydantic
-import pydantic_core
 
 from dra_driver.driver import claims, nvidia_config
 
@@ -168,7 +167,7 @@ def validate(model: type[ModelT], params: Mapping[str, Any], where: str) -> Mode
     try:
         return model.model_validate(dict(params))
     except pydantic.ValidationError as exc:
-        problems = "; ".join(_describe(err) for err in exc.errors())
+        problems = "; ".join(nvidia_config.describe(err) for err in exc.errors())
         raise ConfigError(f"{where}: {problems}") from None
 
 
@@ -202,12 +201,3 @@ def effective(
 
 
 _KIND_WORDS = {"gpu": "full GPUs", "mig": "MIG devices"}
-
-
-def _describe(err: pydantic_core.ErrorDetails) -> str:
-    field = ".".join(str(part) for part in err["loc"]) or "(top level)"
-    if err["type"] == "extra_forbidden":
-        return f"field {field}: unknown field"
-    if err["type"] == "missing":
-        return f"field {field}: required field is missing"
-    return f"field {field}: {err['msg']}"

@@ -219,10 +219,11 @@ def _validate(model: type[GpuConfig] | type[MigDeviceConfig], params: Mapping[st
     try:
         return model.model_validate(dict(params))
     except pydantic.ValidationError as exc:
-        raise NvidiaConfigError("; ".join(_describe(e) for e in exc.errors())) from None
+        raise NvidiaConfigError("; ".join(describe(e) for e in exc.errors())) from None
 
 
-def _describe(err: pydantic_core.ErrorDetails) -> str:
+def describe(err: pydantic_core.ErrorDetails) -> str:
+    """One pydantic error as ``field a.b: reason`` (shared with our own config's decoder)."""
     field = ".".join(str(part) for part in err["loc"]) or "(top level)"
     if err["type"] == "extra_forbidden":
         return f"field {field}: unknown field"

@@ -14,7 +14,6 @@ import json
 import os
 import random
 import signal
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -24,9 +23,8 @@ from dra_driver.driver import claims, mpsprocess
 from dra_driver.fakeapi import fakeserver
 from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 
-from .test_crash import _churn
+from .test_crash import kill_under_load
 
-BUDGET_S = 10.0
 DRIVER = "gpu.nvidia.com"
 
 
@@ -97,24 +95,8 @@ def test_sigkill_with_shares_leaves_no_daemon_mode_or_spec_behind(
     plugin_dir = short_dir / "plugins" / DRIVER
     mps_root = plugin_dir / "mps"
     outcome: dict[str, list[str]] = {"errors": [], "calls": [], "interrupted": []}
-    kills = 0
     try:
-        started = time.monotonic()
-        while kills < 3 or time.monotonic() - started < BUDGET_S:  # slow machines: 3 kills at least
-            plugin = PluginProcess(base=short_dir, kubeconfig=kubeconfig).start()
-            plugin.wait_ready()
-            kubelet = KubeletSim(plugin.registry_dir)
-            kubelet.register(DRIVER)
-            stop = threading.Event()
-            churn = threading.Thread(target=_churn, args=(kubelet, refs, rng, stop, outcome))
-            churn.start()
-            time.sleep(rng.uniform(0.1, 0.8))
-            plugin.signal(signal.SIGKILL)
-            plugin.wait()
-            stop.set()
-            churn.join(timeout=60)
-            kubelet.close()
-            kills += 1
+        kills = kill_under_load(short_dir, kubeconfig, refs, rng, outcome, (0.1, 0.8))
         assert kills >= 3
         assert outcome["errors"] == []
         assert len(outcome["calls"]) >= kills
