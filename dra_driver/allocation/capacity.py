@@ -17,8 +17,12 @@ gives the same verdicts and the same ``consumedCapacity`` the scheduler writes:
 
 The same rules apply to a device without ``allowMultipleAllocations`` (capacity requests then
 act as minimums), but only multi-allocatable devices record consumption, get a ``shareID`` and
-stay usable by other claims. Every "does not fit" comes with a reason in plain words, such as
-``12Gi of memory left, 20Gi requested``.
+stay usable by other claims (and by other requests of the same claim). Every "does not fit"
+comes with a reason in plain words, such as ``12Gi of memory left, 20Gi requested``.
+
+A device with shares also stands in for the shared counters it consumes (:mod:`.counters`):
+the scheduler charges them once, for the first share, so :meth:`Ledger.has` is what decides
+whether the next share skips the counter check.
 """
 
 from __future__ import annotations
@@ -111,6 +115,13 @@ class Ledger:
     def of(self, device: pools.DeviceId) -> Mapping[str, Q]:
         return self.used.get(device, {})
 
+    def has(self, device: pools.DeviceId) -> bool:
+        """Whether allocated shares use ``device`` (the scheduler's "capacity in use")."""
+        return device in self.used
+
+    def devices(self) -> set[pools.DeviceId]:
+        return set(self.used)
+
     def copy(self) -> Ledger:
         other = Ledger()
         other.used = {k: dict(v) for k, v in self.used.items()}
@@ -146,6 +157,26 @@ def fit(device: pools.Device, requests: Mapping[str, Q], used: Mapping[str, Q]) 
             return Fit(None, f"{_left(left)} of {_label(key, device)} left, {what}")
         consumed[key] = amount
     return Fit(consumed)
+
+
+def consumption(device: pools.Device, requests: Mapping[str, Q]) -> dict[str, Q]:
+    """What a share of ``device`` consumes for ``requests`` (rounded, defaults filled in), by
+    fully qualified capacity name; assumes :func:`fit` accepted the request."""
+    out: dict[str, Q] = {}
+    wanted = {_full(name, device.driver): value for name, value in requests.items()}
+    for key, cap in _capacities(device).items():
+        policy = cap.get("requestPolicy") if isinstance(cap.get("requestPolicy"), Mapping) else None
+        out[key] = _consume(wanted.get(key), _q(cap.get("value")), policy)
+    return out
+
+
+def combined(*parts: Mapping[str, Q]) -> dict[str, Q]:
+    """The sum of several consumptions (capacity name → amount)."""
+    out: dict[str, Q] = {}
+    for part in parts:
+        for name, value in part.items():
+            out[name] = out.get(name, Q(0)).add(value)
+    return out
 
 
 def as_status(consumed: Mapping[str, Q], device: pools.Device) -> dict[str, str]:

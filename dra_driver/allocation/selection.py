@@ -1,4 +1,6 @@
-"""Which devices a request may take: class and request selectors, taints, other claims' use.
+"""Which devices a request may take: class and request selectors, taints, other claims' use,
+shared counters that allocated devices used up (a GPU set holding this GPU, say), and the
+capacity other claims' shares left on a multi-allocatable device.
 
 Why it exists: the exact search, the scheduler emulation and the explanations must agree on
 every (request, device) verdict, including *why* a device is out. Selector results are cached
@@ -9,7 +11,7 @@ the request's, stopping at the first false or error) so the same errors surface.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dra_driver.allocation import capacity, cel, claim, pools
@@ -45,12 +47,17 @@ class Selection:
         devices: Sequence[pools.Device],
         classes: Mapping[str, claim.DeviceClass],
         in_use: set[pools.DeviceId],
-        ledger: capacity.Ledger | None = None,
+        blocked: Iterable[int] = (),
+        consumed: capacity.Ledger | None = None,
     ) -> None:
+        """``blocked``: positions whose shared counters the allocated devices used up;
+        ``consumed``: what allocated shares take of multi-allocatable devices."""
         self.devices = list(devices)
         self.classes = classes
-        self.in_use = [d.id in in_use and not capacity.multi_allocatable(d) for d in self.devices]
-        self.ledger = ledger or capacity.Ledger()
+        self.in_use = [d.id in in_use for d in self.devices]
+        self.blocked = set(blocked)
+        self.consumed = consumed if consumed is not None else capacity.Ledger()
+        self.multi = [capacity.multi_allocatable(d) for d in self.devices]
         self._fits: dict[tuple[str, int], capacity.Fit] = {}
         self._cache: dict[tuple[str, int], Failure | None] = {}
         self._prepared: dict[int, cel.CelDevice | cel.CelEvalError] = {}
@@ -133,18 +140,20 @@ class Selection:
         return taints.first_untolerated(self.devices[pos].data.get("taints") or (), req.tolerations)
 
     def capacity_fit(self, req: claim.Request, pos: int) -> capacity.Fit:
-        """Whether what is left of device ``pos`` covers ``req``'s capacity (consumable capacity;
-        every device is checked, as the scheduler does)."""
+        """Whether what allocated shares left of device ``pos`` covers ``req``'s capacity
+        requests (checked on every device, as the scheduler does)."""
         key = (req.name, pos)
         if key not in self._fits:
             dev = self.devices[pos]
-            self._fits[key] = capacity.fit(dev, req.capacity, self.ledger.of(dev.id))
+            self._fits[key] = capacity.fit(dev, req.capacity, self.consumed.of(dev.id))
         return self._fits[key]
 
     def usable(self, req: claim.Request, pos: int) -> bool:
-        """Free (or admin access), untainted for this request, matching its selectors, and with
+        """Free (or admin access), counters left, untainted, matching its selectors, and with
         enough capacity left."""
         if self.in_use[pos] and not req.admin_access:
+            return False
+        if pos in self.blocked:
             return False
         if self.taint_blocks(req, pos) is not None:
             return False

@@ -105,7 +105,7 @@ def _allocate(
     for name, memory, compute in (*SHARES, LATE):
         created = rig.api.create_resource_claim(_claim(name, memory, compute))
         outcome = allocator.allocate(
-            created, slices=slices, classes=classes, node_name=rig.node_name, ledger=ledger
+            created, slices=slices, classes=classes, node_name=rig.node_name, consumed=ledger
         )
         report.say(f"\n  -- pod {name}: capacity.requests memory {memory}, computeShare {compute}")
         if outcome.allocation is None:

@@ -24,16 +24,41 @@ def devices(profile: str, shareable: str) -> list[dict[str, Any]]:
         assert kubernetes_validate.validate(obj, "1.37.0", strict=True)
         assert openapi.errors(obj) == []
         assert validate.validate(obj) == []
-    return [d for s in built.slices for d in s["spec"]["devices"]]
+        # Devices that consume counters lower the per-slice limit to 64 (contracts.md §5).
+        assert len(obj["spec"].get("devices", [])) <= validate.MAX_DEVICES_SPECIAL
+    return [d for s in built.slices for d in s["spec"].get("devices", [])]
+
+
+def gpus(devs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in devs if d["attributes"]["type"]["string"] == "gpu"]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_profile_with_all_gpus_shareable_is_valid(profile: str) -> None:
     for dev in devices(profile, "all"):
         is_gpu = dev["attributes"]["type"]["string"] == "gpu"
-        assert dev.get("allowMultipleAllocations", False) is is_gpu  # MIG devices never
+        assert dev.get("allowMultipleAllocations", False) is is_gpu  # MIG devices, sets never
         if is_gpu:
             assert set(dev["capacity"]) == {"memory", "computeShare"}
+            # A shareable GPU consumes its whole GPU's counter, like an exclusive one: the
+            # scheduler charges it for the first share, which keeps sets holding it away.
+            minor = int(dev["name"].removeprefix("gpu-"))
+            ((counter, amount),) = dev["consumesCounters"][0]["counters"].items()
+            assert counter == f"gpu-{minor}"
+            assert amount == {"value": dev["capacity"]["memory"]["value"]}
+
+
+def test_a_node_with_shareable_gpus_keeps_its_gpu_sets_and_counter_slice() -> None:
+    built = build.build(
+        devices_of("dgx-h100"), node_name="n1", shareable=shares.Shareable.parse("all")
+    )
+    plain = build.build(devices_of("dgx-h100"), node_name="n1")
+    assert [s["spec"].get("sharedCounters") for s in built.slices] == [
+        s["spec"].get("sharedCounters") for s in plain.slices
+    ]
+    names = [d["name"] for d in devices("dgx-h100", "all")]
+    assert names == [d["name"] for s in plain.slices for d in s["spec"].get("devices", [])]
+    assert "gpus-4-5-6-7" in names
 
 
 def test_shareable_gpu_capacity_and_policy() -> None:
@@ -69,9 +94,9 @@ def test_odd_memory_sizes_round_down_to_whole_gib_for_shares() -> None:
 
 def test_shareable_selects_by_product_and_defaults_to_none() -> None:
     assert not any(d.get("allowMultipleAllocations") for d in devices("dgx-h100", "none"))
-    assert all(d.get("allowMultipleAllocations") for d in devices("dgx-h100", "H100"))
+    assert all(d.get("allowMultipleAllocations") for d in gpus(devices("dgx-h100", "H100")))
     assert not any(d.get("allowMultipleAllocations") for d in devices("dgx-h100", "A100|L4"))
-    assert all(d.get("allowMultipleAllocations") for d in devices("pcie-l4", "A100|L4"))
+    assert all(d.get("allowMultipleAllocations") for d in gpus(devices("pcie-l4", "A100|L4")))
     with pytest.raises(shares.ShareableError, match="not none, all or a valid regular expression"):
         shares.Shareable.parse("H100(")
 
@@ -130,7 +155,7 @@ def test_valid_request_policies_pass() -> None:
 
 
 def test_a_slice_with_a_bad_policy_is_rejected_naming_the_device() -> None:
-    (slice_obj,) = build.build(
+    (_, slice_obj) = build.build(
         devices_of("pcie-l4"), node_name="n1", shareable=shares.Shareable.parse("all")
     ).slices
     dev = slice_obj["spec"]["devices"][1]
