@@ -29,10 +29,11 @@ allocator is a depth-first search whose first complete solution wins:
   allocation on the node; more than 32 results per claim make that branch fail (a
   ``firstAvailable`` request then tries its next subrequest).
 
-Known difference: the 1.36 scheduler before the fix backported as kubernetes#140663 (1.36.3)
-does not give back counters it booked for a candidate that a taint or constraint then rejects,
-nor those of a multi-allocatable device when it backtracks; here every rejection and backtrack
-gives back what it booked (as 1.36.3 and later do).
+Known difference: 1.36 releases without the fix kubernetes/kubernetes#140431 (backported to
+release-1.36 in July 2026 as #140663) do not give back the counters they booked for a candidate
+that a taint or a constraint then rejects, nor those of a multi-allocatable device's first share
+when they backtrack; such a scheduler can leave a pod pending that fits. Here every rejection
+and backtrack gives back what it booked, as the fixed scheduler does.
 """
 
 from __future__ import annotations
