@@ -305,17 +305,10 @@ class ClaimState:
             self._check_taints(ref, dev)
             cfg = config.effective(dev.configs, ref=ref, kind=known.kind)
             planned.append(cdi.Planned(device=known, request=dev.request_name, config=cfg))
-        # Shares of one GPU may meet in a claim (the scheduler puts two requests on one
-        # multi-allocatable device); they count once. Anything else on one GPU is a clash.
-        shared: set[str] = set()
-        entries: list[tuple[str, inventory.PreparableDevice]] = []
-        for dev, plan in zip(allocated, planned, strict=True):
-            if dev.share_id is not None:
-                if plan.device.name in shared:
-                    continue
-                shared.add(plan.device.name)
-            entries.append((plan.device.name, plan.device))
-        clashes = inventory.overlaps(entries)
+        clashes = inventory.overlaps(
+            [(p.device.name, p.device) for p in planned],
+            shares=[d.share_id is not None for d in allocated],
+        )
         if clashes:
             raise claims.ClaimError(
                 f"{ref}: refusing a claim whose devices overlap in physical GPUs: "
