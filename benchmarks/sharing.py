@@ -1,7 +1,8 @@
 """Prepare latency of a GPU share next to an exclusive claim, over the plugin's real socket.
 
-Same set-up as ``benchmarks/prepare.py`` (the plugin as a subprocess on a fake 32-GPU node, real
-checkpoint and CDI files, the in-memory API behind loopback HTTP). A share runs through its
+Same set-up as ``benchmarks/prepare.py`` (:mod:`benchkit`: the plugin as a subprocess on a fake
+32-GPU node, real checkpoint and CDI files, the in-memory API behind loopback HTTPS with a
+client certificate). A share runs through its
 GPU's MPS control daemon (the stand-in daemon on a fake node, a real process all the same), so
 three cases are timed, each as single-claim NodePrepareResources / NodeUnprepareResources:
 
@@ -16,6 +17,7 @@ Run: ``python benchmarks/sharing.py [--calls N]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -29,21 +31,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import contextlib
-
-import prepare
+import benchkit as bench  # the benchmark's node, claims, API server and plugin
 
 
 def share(name: str, device: str) -> dict[str, Any]:
     """A claim holding one share (4Gi, 10 % compute) of ``device``, as the scheduler leaves it."""
-    obj = prepare.claim(name, device)
+    obj = bench.claim(name, device)
     result = obj["status"]["allocation"]["devices"]["results"][0]
     result["shareID"] = str(uuid.uuid4())
     result["consumedCapacity"] = {"memory": "4Gi", "computeShare": "10"}
     return obj
 
 
-def timed(plugin: prepare.Plugin, objs: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.2f}"
+
+
+def timed(plugin: bench.Plugin, objs: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
     prep, unprep = [], []
     for obj in objs:
         prep.append(plugin.prepare([obj]))
@@ -57,10 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     n = args.calls
     base = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
-    profile = base / "profile.yaml"
-    profile.write_text(prepare.profile_yaml())
-    (base / "driver-root").mkdir()
-    exclusive = [prepare.claim(f"excl-{i}", "gpu-1") for i in range(n + 5)]
+    profile = bench.make_node(base)
+    exclusive = [bench.claim(f"excl-{i}", "gpu-1") for i in range(n + 5)]
     holder = share("holder", "gpu-2")
     joining = [share(f"join-{i}", "gpu-2") for i in range(n + 5)]
     first = [share(f"first-{i}", "gpu-3") for i in range(n + 5)]
@@ -69,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     api: subprocess.Popen[bytes] | None = None
     results: dict[str, tuple[list[float], list[float]]] = {}
     try:
-        api, kubeconfig = prepare.start_api(base, claims_file, 0.0)
-        cdi = prepare.cdi_root(base)
-        plugin = prepare.Plugin(base, kubeconfig, profile, serial=False, cdi=cdi)
+        api, kubeconfig = bench.start_api(base, claims_file, 0.0)
+        cdi = bench.cdi_root(base)
+        plugin = bench.Plugin(base, kubeconfig, profile, serial=False, cdi=cdi)
         try:
             for group in (exclusive, joining, first):  # warm-up: connections, imports
                 timed(plugin, group[:5])
@@ -96,14 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':40} {'p50 ms':>8} {'p90 ms':>8} {'max ms':>8}")
     for label, (prep, unprep) in results.items():
         for what, values in (("prepare", prep), ("unprepare", unprep)):
-            row = " ".join(prepare.ms(prepare.pct(values, p)) for p in (50, 90, 100))
+            row = " ".join(ms(bench.pct(values, p)) for p in (50, 90, 100))
             print(f"{what + ', ' + label:40} {row}")
     return 0
 
 
 def _end_daemons(base: Path) -> None:
     """Daemons outlive the plugin by design; a benchmark ends its own."""
-    records = base / "plugins" / prepare.DRIVER / "mps" / "daemons"
+    records = base / "plugins" / bench.DRIVER / "mps" / "daemons"
     for path in records.glob("*.json") if records.is_dir() else ():
         pid = json.loads(path.read_text()).get("pid")
         if isinstance(pid, int):
