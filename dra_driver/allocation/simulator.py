@@ -19,7 +19,7 @@ import yaml
 
 from dra_driver import deviceclasses
 from dra_driver.allocation import allocator, capacity, claim, claimgen, physical, pools
-from dra_driver.devices import model
+from dra_driver.devices import migprofiles, model
 from dra_driver.slices import build as slices_build
 from dra_driver.slices import shares
 
@@ -119,12 +119,17 @@ def fake_slices(
     *,
     node_name: str,
     driver_name: str,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     shareable: shares.Shareable = shares.NONE,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices the driver would publish for these devices."""
     try:
         built = slices_build.build(
-            devices, node_name=node_name, driver_name=driver_name, shareable=shareable
+            devices,
+            node_name=node_name,
+            driver_name=driver_name,
+            dynamic_mig=dynamic_mig,
+            shareable=shareable,
         )
     except slices_build.BuildError as err:
         raise SimulateError(str(err)) from err

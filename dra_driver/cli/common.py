@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dra_driver.devices import backend, fake, profiles
+from dra_driver.devices import backend, fake, migprofiles, profiles
 from dra_driver.slices import shares
 
 
@@ -55,6 +55,28 @@ def shareable_from(args: argparse.Namespace) -> shares.Shareable:
         return shares.Shareable.parse(args.shareable)
     except shares.ShareableError as exc:
         raise UsageError(str(exc)) from None
+
+
+def add_dynamic_mig_flag(parser: argparse.ArgumentParser) -> None:
+    """``--dynamic-mig none|all|REGEX`` (env ``DYNAMIC_MIG``): which MIG-capable GPUs are
+    published as partitionable devices whose MIG instances are made at prepare time."""
+    from dra_driver.cli import env_default
+
+    parser.add_argument(
+        "--dynamic-mig",
+        metavar="none|all|REGEX",
+        default=env_default("DYNAMIC_MIG", migprofiles.NONE),
+        help="MIG-capable GPUs to publish as dynamic MIG (every profile placement, instances "
+        "created at prepare): none, all, or a regular expression over the product name "
+        "(env DYNAMIC_MIG; default none; docs/mig.md)",
+    )
+
+
+def dynamic_mig(args: argparse.Namespace) -> migprofiles.DynamicMig:
+    try:
+        return migprofiles.DynamicMig.parse(args.dynamic_mig)
+    except migprofiles.SelectorError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def make_backend(args: argparse.Namespace) -> backend.Backend:

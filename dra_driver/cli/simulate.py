@@ -93,6 +93,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=slices_build.DEFAULT_DRIVER_NAME,
         help="driver name for slices built from a profile (default %(default)s)",
     )
+    common.add_dynamic_mig_flag(parser)
     parser.add_argument(
         "--node-name",
         default=os.environ.get("NODE_NAME"),
@@ -147,10 +148,15 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
         node_name = node_name or default
         try:
             shareable = common.shareable_from(args)
+            dynamic = common.dynamic_mig(args)
         except common.UsageError as err:
             raise simulator.SimulateError(str(err)) from err
         slices = simulator.fake_slices(
-            node_devices, node_name=node_name, driver_name=args.driver_name, shareable=shareable
+            node_devices,
+            node_name=node_name,
+            driver_name=args.driver_name,
+            dynamic_mig=dynamic,
+            shareable=shareable,
         )
     elif node_name is None:
         node_name = simulator.slice_node(slices)

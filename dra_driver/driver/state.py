@@ -7,13 +7,16 @@ here too, as the last line of defence: a device prepared for one claim is refuse
 unless one of them has admin access or both hold shares of a multi-allocatable device.
 
 Order of effects (crash-safety argument):
-prepare:   checkpoint PrepareStarted (carries the sharing intent and MPS daemon) → apply GPU
-           sharing (:mod:`~dra_driver.driver.sharing`) → MPS daemon running
-           (:mod:`~dra_driver.driver.mpsclaims`) → write CDI spec → checkpoint PrepareCompleted
-unprepare: restore GPU sharing defaults → delete checkpoint record → remove CDI spec →
-           stop the MPS daemon if no claim record uses it any more
+prepare:   checkpoint PrepareStarted (carries the sharing intent, the MPS daemon and the dynamic
+           MIG instances to create) → apply GPU sharing (:mod:`~dra_driver.driver.sharing`) →
+           MPS daemon running (:mod:`~dra_driver.driver.mpsclaims`) → create MIG instances
+           (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint PrepareCompleted
+unprepare: restore GPU sharing defaults → destroy MIG instances → delete checkpoint record →
+           remove CDI spec → stop the MPS daemon if no claim record uses it any more
 start-up:  sharing of completed records re-applied, of PrepareStarted ones restored; MPS
-           daemons of completed records adopted or restarted, all others stopped;
+           daemons of completed records adopted or restarted, all others stopped; MIG
+           instances on dynamic GPUs that no completed record owns destroyed, a completed
+           record whose MIG instance is gone unprepared (a crash cut its unprepare short);
            PrepareStarted → spec removed, record deleted (rolled back); a completed record
            whose spec is missing → spec rewritten from it; a spec of ours with no record → removed.
 """
@@ -40,6 +43,7 @@ from dra_driver.driver import (
     results,
     sharing,
 )
+from dra_driver.driver import mig as mig_mod
 from dra_driver.kube import api as kube
 
 
@@ -135,6 +139,7 @@ class ClaimState:
         store: checkpoint.Checkpoint,
         log: structlog.typing.FilteringBoundLogger,
         gpu_sharing: sharing.GpuSharing | None = None,
+        mig_instances: mig_mod.MigInstances | None = None,
         device_taints: DeviceTaints | None = None,
         mps: mpsclaims.MpsClaims | None = None,
     ) -> None:
@@ -150,6 +155,7 @@ class ClaimState:
         self.locks = ClaimLocks()
         self.ownership = Ownership()
         self.sharing = gpu_sharing or sharing.GpuSharing(gpu_control=None, log=log)
+        self.mig = mig_instances or mig_mod.MigInstances(control=None, devices=devices, log=log)
         self.device_taints = device_taints
         self.mps = mps
 
@@ -170,6 +176,7 @@ class ClaimState:
         self._recover_sharing(report.records)
         if self.mps is not None:
             self.mps.recover([r for r in report.records if r.state == checkpoint.PREPARE_COMPLETED])
+        unprepared = self.mig.recover(report.records)
         for record in report.records:
             clog = logs.claim_logger(
                 self.log, uid=record.uid, namespace=record.namespace, name=record.name
@@ -179,11 +186,15 @@ class ClaimState:
                 self.store.delete(record.uid)
                 clog.warning("rolled back a preparation interrupted by a crash")
                 continue
+            if record.uid in unprepared:
+                self._forget(record.uid, strict=False)
+                clog.warning("finished an unprepare interrupted by a crash (MIG instance gone)")
+                continue
             try:
                 if not self.specs.spec_path(record.uid).exists():
                     self.specs.write(record.uid, record.cdiSpec)
                     clog.warning("restored the missing CDI spec of a prepared claim")
-                self.ownership.reserve(_ref(record), _allocated(record))
+                self.ownership.reserve(_ref(record), self._owned(_allocated(record)))
             except (OSError, claims.ClaimError) as exc:
                 clog.error("prepared claim is inconsistent after restart", error=str(exc))
         known = {r.uid for r in self.store.records()}
@@ -229,18 +240,23 @@ class ClaimState:
                 claim, ref=ref, driver=self.driver_name, pool=self.pool_name
             )
             planned = self._plan(ref, allocated)
-            needs, planned = self._plan_mps(ref, allocated, planned)
+            needs, planned = mpsclaims.plan_claim(self.mps, ref, allocated, planned)
             wanted = sharing.targets(ref, planned)
             if self.mps is not None:
                 self.mps.check_time_slicing(ref, [t.uuid for t in wanted])
-            spec = self.specs.build(ref, planned)
-            self.ownership.reserve(ref, allocated)
+            migs = self.mig.intents(ref, allocated)  # dynamic MIG: specs need the new UUIDs
+            spec = {} if migs else self.specs.build(ref, planned)
+            self.ownership.reserve(ref, self._owned(allocated))
             try:
-                record = self._record(ref, allocated, planned, spec, needs)
+                record = self._record(ref, allocated, planned, spec, migs, needs)
                 self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
                 self.sharing.apply(ref, wanted)
                 if self.mps is not None:
                     self.mps.acquire(ref, needs, time_sliced=set(self.sharing.applied()))
+                planned, made = self.mig.apply(ref, planned, allocated)
+                if made:
+                    spec = self.specs.build(ref, planned)
+                    record = self._record(ref, allocated, planned, spec, made, needs)
                 self.specs.write(ref.uid, spec)
                 self.store.put(record)
             except BaseException:
@@ -279,6 +295,12 @@ class ClaimState:
                 if strict:
                     raise
                 self.log.error("GPU sharing not restored", claim_uid=uid, error=str(exc))
+            try:
+                self.mig.release(record)
+            except mig_mod.MigError as exc:
+                if strict:
+                    raise
+                self.log.error("MIG instances not destroyed", claim_uid=uid, error=str(exc))
         self.store.delete(uid)
         self.specs.remove(uid)
         self.ownership.release(uid)
@@ -286,6 +308,10 @@ class ClaimState:
             self.mps.release(record)
 
     # ---- helpers -------------------------------------------------------------------------------
+
+    def _owned(self, allocated: Sequence[claims.AllocatedDevice]) -> list[claims.AllocatedDevice]:
+        """What a claim holds: its devices, and the memory slices of its dynamic MIG devices."""
+        return [*allocated, *self.mig.ownership_keys(allocated)]
 
     def _plan(
         self, ref: claims.ClaimRef, allocated: Sequence[claims.AllocatedDevice]
@@ -329,32 +355,13 @@ class ClaimState:
                 "tolerate it"
             )
 
-    def _plan_mps(
-        self,
-        ref: claims.ClaimRef,
-        allocated: Sequence[claims.AllocatedDevice],
-        planned: list[cdi.Planned],
-    ) -> tuple[tuple[mpsclaims.Need, ...], list[cdi.Planned]]:
-        """The claim's MPS needs, and its planned devices with their MPS container edits."""
-        items = [
-            (dev, plan.device, plan.config) for dev, plan in zip(allocated, planned, strict=True)
-        ]
-        if self.mps is None:
-            if any(d.share_id or (c.sharing and c.sharing.strategy == "MPS") for d, _, c in items):
-                raise claims.ClaimError(f"{ref}: uses MPS, but this plugin runs without MPS")
-            return (), planned
-        needs, edits = self.mps.plan(ref, items)
-        using = {n.device.name for n in needs}
-        return needs, [
-            dataclasses.replace(p, edits=edits) if p.device.name in using else p for p in planned
-        ]
-
     def _record(
         self,
         ref: claims.ClaimRef,
         allocated: Sequence[claims.AllocatedDevice],
         planned: Sequence[cdi.Planned],
         spec: dict[str, object],
+        migs: Mapping[str, checkpoint.MigRecord],
         needs: Sequence[mpsclaims.Need] = (),
     ) -> checkpoint.ClaimRecord:
         daemons = {n.device.name: n.daemon for n in needs}
@@ -375,6 +382,7 @@ class ClaimState:
                     config=plan.config.to_json(),
                     consumedCapacity=dict(dev.consumed_capacity),
                     mpsDaemon=daemons.get(dev.device),
+                    mig=migs.get(dev.device),
                 )
                 for dev, plan in zip(allocated, planned, strict=True)
             ),

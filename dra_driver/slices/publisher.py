@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from dra_driver import logs
-from dra_driver.devices import model
+from dra_driver.devices import migprofiles, model
 from dra_driver.kube import api
 from dra_driver.slices import build, compare, shares, validate
 
@@ -372,6 +372,7 @@ def start_node_publisher(
     node_name: str,
     log: Log | None = None,
     on_pass: Callable[[Outcome | None], None] | None = None,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     decorate: Callable[[list[api.Obj]], None] | None = None,
     shareable: shares.Shareable = shares.NONE,
 ) -> Publisher:
@@ -385,6 +386,7 @@ def start_node_publisher(
         node_name=node_name,
         driver_name=driver_name,
         decorate=decorate,
+        dynamic_mig=dynamic_mig,
         shareable=shareable,
     )
     publisher = Publisher(
