@@ -298,3 +298,21 @@ def test_an_unreadable_daemon_record_is_removed_and_its_daemon_ended(node: Node)
     node.restart()
     assert wait_for(lambda: sharekit.daemon_pids(node) == {})
     assert not record.exists() and sharekit.daemon_dirs(node) == set()
+
+
+def test_mps_on_a_dynamic_mig_device_is_refused_naming_it(
+    node_factory: Callable[..., Node],
+) -> None:
+    mig_node = node_factory("h100-mig", dynamic_mig="all")
+    params = gpu_config(sharing={"strategy": "MPS", "mps": {"activeThreadPercentage": 50}})
+    device = "gpu-0-mig-1g-10gb-0"
+    mps_claim = claim_obj(name="m", uid=new_uid(), devices=[device], config=[opaque(params)])
+    ref = mig_node.add(mps_claim)
+    error = mig_node.driver.prepare([ref])[ref.uid].error
+    assert f"device {device} is a dynamic MIG device" in error
+    assert "MPS on it is not supported" in error
+    assert sharekit.daemon_records(mig_node) == {} and mig_node.spec_files() == []
+    # Without MPS the same device is prepared.
+    plain = mig_node.add(claim_obj(name="p", uid=new_uid(), devices=[device]))
+    assert mig_node.driver.prepare([plain])[plain.uid].error == ""
+    assert mig_node.driver.unprepare([plain]) == {plain.uid: ""}

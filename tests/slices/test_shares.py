@@ -8,6 +8,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from dra_driver.devices import migprofiles
 from dra_driver.slices import build, requestpolicy, shares, validate
 
 from . import openapi
@@ -59,6 +60,19 @@ def test_a_node_with_shareable_gpus_keeps_its_gpu_sets_and_counter_slice() -> No
     names = [d["name"] for d in devices("dgx-h100", "all")]
     assert names == [d["name"] for s in plain.slices for d in s["spec"].get("devices", [])]
     assert "gpus-4-5-6-7" in names
+
+
+def test_gpus_published_for_dynamic_mig_are_not_shareable() -> None:
+    built = build.build(
+        devices_of("dgx-h100"),
+        node_name="n1",
+        shareable=shares.Shareable.parse("all"),
+        dynamic_mig=migprofiles.DynamicMig.parse("all"),
+    )
+    devs = [d for s in built.slices for d in s["spec"].get("devices", [])]
+    assert len(gpus(devs)) == 8 and not any(d.get("allowMultipleAllocations") for d in devs)
+    assert sum("--shareable does not apply to it" in p for p in built.problems) == 8
+    assert "GPU gpu-0 (NVIDIA H100 80GB HBM3) is published for dynamic MIG" in built.problems[0]
 
 
 def test_shareable_gpu_capacity_and_policy() -> None:
