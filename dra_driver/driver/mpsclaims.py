@@ -220,6 +220,8 @@ class MpsClaims:
 
     def check_time_slicing(self, ref: claims.ClaimRef, uuids: Collection[str]) -> None:
         """Refuse time-slicing a GPU that an MPS daemon serves."""
+        if not uuids:
+            return  # the common case: no daemon records to read
         served = self.daemons.gpus()
         for uuid in uuids:
             if uuid in served:
