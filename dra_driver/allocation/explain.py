@@ -98,9 +98,8 @@ def _blocked_reason(sel: selection.Selection, pos: int) -> str:
     sharers = [
         d.name
         for d in sel.devices
-        if d.pool == device.pool
-        and d.driver == device.driver
-        and sel.consumed.has(d.id)
+        if sel.consumed.has(d.id)
+        and (d.driver, d.pool) == (device.driver, device.pool)
         and mine & {(s, c) for s, used in d.consumes for c, _ in used}
     ]
     if sharers:
