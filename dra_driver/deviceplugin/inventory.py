@@ -67,6 +67,7 @@ class Unit:
     # Health keys whose failure makes this unit unhealthy: its own UUID, plus the parent's.
     health_keys: tuple[str, ...] = ()
     problem: str = ""  # non-empty: the unit cannot be given to a container (why)
+    memory_bytes: int = 0  # for MPS replicas' memory limits
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -185,6 +186,7 @@ def _whole(gpu: model.Gpu, nodes: preparable.Inventory) -> Unit:
         device_nodes=prepared.device_nodes,
         health_keys=(gpu.uuid,),
         problem=prepared.problem,
+        memory_bytes=gpu.memory_bytes,
     )
 
 
@@ -199,6 +201,7 @@ def _mig(gpu: model.Gpu, mig: model.MigDevice, nodes: preparable.Inventory) -> U
         mig=mig,
         health_keys=(mig.uuid, gpu.uuid),
         problem=prepared.problem and f"MIG device {mig.uuid}: {prepared.problem}",
+        memory_bytes=mig.memory_bytes,
     )
 
 

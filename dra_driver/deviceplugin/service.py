@@ -16,6 +16,7 @@ import grpc
 
 from dra_driver import grpcstreams, logs
 from dra_driver.deviceplugin import allocate, cdi, inventory, preferred
+from dra_driver.deviceplugin import mps as mps_replicas
 from dra_driver.devices import health, topology
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
@@ -41,8 +42,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         fake_node: str | None,
         stream_poll_s: float = 1.0,
         slots: grpcstreams.StreamSlots | None = None,
+        mps: mps_replicas.MpsReplicas | None = None,
     ) -> None:
         self.resource = resource
+        self._mps = mps
         # ListAndWatch streams get their own threads (the server adds ``slots.limit``).
         self.slots = slots or grpcstreams.StreamSlots(what=f"{resource.name} ListAndWatch")
         self._topo = topo
@@ -140,6 +143,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                     cdi_kind=self._cdi_kind,
                     snapshot=snap,
                     fake_node=self._fake_node,
+                    mps=self._mps,
                 )
             except allocate.UnhealthyDeviceError as exc:
                 self._reject(context, "Allocate", i, exc, grpc.StatusCode.FAILED_PRECONDITION)
@@ -161,6 +165,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 )
             for name in edits.cdi_devices:
                 resp.cdi_devices.add(name=name)
+            for mount in edits.mounts:
+                resp.mounts.add(container_path=mount.container_path, host_path=mount.host_path)
             self._log.info(
                 "allocated",
                 container=i,

@@ -4,7 +4,7 @@ Why its own module: :mod:`~dra_driver.driver.state` prepares and unprepares clai
 plugin runs; this is the other half of its crash-safety argument (the order of effects is in
 that module's docstring), run once before the plugin serves: records of an earlier boot are
 forgotten, unreadable files moved aside (:mod:`~dra_driver.driver.checkpoint`), GPU sharing
-re-applied or restored, dynamic MIG instances reconciled with the records (unprepares a crash
+re-applied or restored, MPS daemons adopted or stopped, dynamic MIG instances reconciled with the records (unprepares a crash
 cut short are finished), interrupted preparations rolled back, missing or differing CDI specs of
 prepared claims rewritten from their records, and specs of ours without a record removed.
 """
@@ -36,6 +36,8 @@ def recover(state: ClaimState) -> None:
         )
     # GPUs of claims we cannot read (or that an earlier boot left) go back to their defaults.
     _recover_sharing(state, report.records, unknown=bool(report.unreadable or report.other_boot))
+    if state.mps is not None:  # daemons of prepared claims adopted or restarted, others stopped
+        state.mps.recover([r for r in report.records if r.state == checkpoint.PREPARE_COMPLETED])
     unprepared = state.mig.recover(report.records)  # records whose MIG instance is gone
     for record in report.records:
         clog = logs.claim_logger(

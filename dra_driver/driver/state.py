@@ -7,19 +7,22 @@ here too, as the last line of defence: a device prepared for one claim is refuse
 unless one of them has admin access or both hold shares of a multi-allocatable device.
 
 Order of effects (crash-safety argument):
-prepare:   checkpoint PrepareStarted (carries the sharing intent and the dynamic MIG instances
-           to create) → apply GPU sharing (:mod:`~dra_driver.driver.sharing`) → create MIG
-           instances (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint
-           PrepareCompleted
+prepare:   checkpoint PrepareStarted (carries the sharing intent, the MPS daemon and the dynamic
+           MIG instances to create) → apply GPU sharing (:mod:`~dra_driver.driver.sharing`) →
+           MPS daemon running (:mod:`~dra_driver.driver.mpsclaims`) → create MIG instances
+           (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint PrepareCompleted
 unprepare: restore GPU sharing defaults → destroy MIG instances → remove CDI spec → delete
-           checkpoint record
+           checkpoint record → release ownership → stop the MPS daemon if no claim record uses
+           it any more (decided after the record is gone, so of claims unprepared together the
+           last one stops it)
 start-up:  (:mod:`~dra_driver.driver.recovery`) sharing of completed records re-applied, of
            PrepareStarted ones restored (and, when a claim file was unreadable, every GPU no
-           readable record holds is put back to its defaults); MIG instances on dynamic GPUs
-           that no completed record owns destroyed, a completed record whose MIG instance is
-           gone unprepared (a crash cut its unprepare short); PrepareStarted → spec removed,
-           record deleted (rolled back); a completed record whose spec is missing or differs
-           from it → spec rewritten from it; a spec of ours with no record → removed.
+           readable record holds is put back to its defaults); MPS daemons of completed records
+           adopted or restarted, all others stopped; MIG instances on dynamic GPUs that no
+           completed record owns destroyed, a completed record whose MIG instance is gone
+           unprepared (a crash cut its unprepare short); PrepareStarted → spec removed, record
+           deleted (rolled back); a completed record whose spec is missing or differs from it →
+           spec rewritten from it; a spec of ours with no record → removed.
 
 The record goes last on unprepare, so a spec never outlives its record: when the spec cannot be
 removed (a read-only or full CDI directory) the claim stays prepared and the kubelet's retry of
@@ -50,6 +53,7 @@ from dra_driver.driver import (
     config,
     inventory,
     recovery,
+    mpsclaims,
     results,
     sharing,
 )
@@ -165,6 +169,7 @@ class ClaimState:
         gpu_sharing: sharing.GpuSharing | None = None,
         mig_instances: mig_mod.MigInstances | None = None,
         device_taints: DeviceTaints | None = None,
+        mps: mpsclaims.MpsClaims | None = None,
     ) -> None:
         """``device_taints``: a device's taints now; a claim whose request does not tolerate
         one (NoSchedule / NoExecute) is refused, naming the taint and why it is there."""
@@ -180,6 +185,7 @@ class ClaimState:
         self.sharing = gpu_sharing or sharing.GpuSharing(gpu_control=None, log=log)
         self.mig = mig_instances or mig_mod.MigInstances(control=None, devices=devices, log=log)
         self.device_taints = device_taints
+        self.mps = mps
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -214,18 +220,23 @@ class ClaimState:
                 claim, ref=ref, driver=self.driver_name, pool=self.pool_name
             )
             planned = self._plan(ref, allocated)
+            needs, planned = mpsclaims.plan_claim(self.mps, ref, allocated, planned)
             wanted = sharing.targets(ref, planned)
+            if self.mps is not None:
+                self.mps.check_time_slicing(ref, [t.uuid for t in wanted])
             migs = self.mig.intents(ref, allocated)  # dynamic MIG: specs need the new UUIDs
             spec = {} if migs else self.specs.build(ref, planned)
             self.ownership.reserve(ref, self._owned(allocated))
             try:
-                record = self._record(ref, allocated, planned, spec, migs)
+                record = self._record(ref, allocated, planned, spec, migs, needs)
                 self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
                 self.sharing.apply(ref, wanted)
+                if self.mps is not None:
+                    self.mps.acquire(ref, needs, time_sliced=set(self.sharing.applied()))
                 planned, made = self.mig.apply(ref, planned, allocated)
                 if made:
                     spec = self.specs.build(ref, planned)
-                    record = self._record(ref, allocated, planned, spec, made)
+                    record = self._record(ref, allocated, planned, spec, made, needs)
                 self._write_spec(ref, spec)
                 self.store.put(record)
             except BaseException as exc:
@@ -272,7 +283,8 @@ class ClaimState:
     def _forget(self, ref: claims.ClaimRef) -> None:
         """Drop a prepared claim: GPU sharing restored, MIG instances destroyed, CDI spec
         removed, then the record (a failure raises and keeps the record, so the kubelet's retry
-        or the next start-up finishes the job), then the device ownership."""
+        or the next start-up finishes the job), then the device ownership; last its MPS daemons
+        stop if no claim left on disk uses them."""
         record = self.store.get(ref.uid)
         if record is not None:
             self.sharing.release(_ref(record), sharing.recorded_targets(record, self.devices))
@@ -280,6 +292,8 @@ class ClaimState:
         self._remove_spec(ref)
         self.store.delete(ref.uid)
         self.ownership.release(ref.uid)
+        if record is not None and self.mps is not None:
+            self.mps.release(record)
 
     def _rollback(self, ref: claims.ClaimRef) -> list[str]:
         """Undo a failed prepare as far as possible: every step is tried, ownership is always
@@ -305,6 +319,8 @@ class ClaimState:
             if os.path.lexists(self.store.path(ref.uid)):
                 problems.append(str(exc))
         self.ownership.release(ref.uid)
+        if record is not None and self.mps is not None:
+            self.mps.release(record)  # never raises; a daemon it cannot stop is retried
         if problems:
             self.log.error(
                 "rolling back a failed preparation left work for a retry or the next start-up",
@@ -352,9 +368,12 @@ class ClaimState:
                     f"{ref}: device {dev.device} cannot be prepared: {known.problem}"
                 )
             self._check_taints(ref, dev)
-            cfg = config.effective(dev.configs, ref=ref)
+            cfg = config.effective(dev.configs, ref=ref, kind=known.kind)
             planned.append(cdi.Planned(device=known, request=dev.request_name, config=cfg))
-        clashes = inventory.overlaps([(p.device.name, p.device) for p in planned])
+        clashes = inventory.overlaps(
+            [(p.device.name, p.device) for p in planned],
+            shares=[d.share_id is not None for d in allocated],
+        )
         if clashes:
             raise claims.ClaimError(
                 f"{ref}: refusing a claim whose devices overlap in physical GPUs: "
@@ -382,7 +401,9 @@ class ClaimState:
         planned: Sequence[cdi.Planned],
         spec: dict[str, object],
         migs: Mapping[str, checkpoint.MigRecord],
+        needs: Sequence[mpsclaims.Need] = (),
     ) -> checkpoint.ClaimRecord:
+        daemons = {n.device.name: n.daemon for n in needs}
         return checkpoint.ClaimRecord(
             uid=ref.uid,
             namespace=ref.namespace,
@@ -398,6 +419,8 @@ class ClaimState:
                     shareId=dev.share_id,
                     adminAccess=dev.admin_access,
                     config=plan.config.to_json(),
+                    consumedCapacity=dict(dev.consumed_capacity),
+                    mpsDaemon=daemons.get(dev.device),
                     mig=migs.get(dev.device),
                 )
                 for dev, plan in zip(allocated, planned, strict=True)

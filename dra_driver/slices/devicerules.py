@@ -13,6 +13,7 @@ from typing import Any
 
 from dra_driver.apimachinery import fielderrors, names, semver
 from dra_driver.apimachinery.fielderrors import FieldError
+from dra_driver.slices import requestpolicy
 
 MAX_DEVICES = 128
 MAX_DEVICES_SPECIAL = 64  # when any device uses taints, consumesCounters or list attributes
@@ -26,7 +27,7 @@ MAX_TAINTS = 16
 MAX_COUNTERS = 32
 MAX_CONSUMPTIONS = 2
 MAX_BINDING_CONDITIONS = 4
-MAX_VALID_VALUES = 10
+MAX_VALID_VALUES = requestpolicy.MAX_VALID_VALUES
 TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
 NODE_SELECTION = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
 _SCALAR_KINDS = ("int", "bool", "string", "version")
@@ -236,22 +237,7 @@ def _capacity(path: str, cap: Mapping[str, Any], multi: bool, dev: str | None) -
                 device=dev,
             )
         ]
-    valid_values = policy.get("validValues") or []
-    if valid_values and policy.get("validRange") is not None:
-        return [
-            fielderrors.forbidden(
-                f"{path}.requestPolicy",
-                "only one of validValues and validRange may be set",
-                device=dev,
-            )
-        ]
-    if len(valid_values) > MAX_VALID_VALUES:
-        return [
-            fielderrors.too_many(
-                f"{path}.requestPolicy.validValues", len(valid_values), MAX_VALID_VALUES, device=dev
-            )
-        ]
-    return []
+    return requestpolicy.errors(f"{path}.requestPolicy", cap["value"], policy, dev)
 
 
 def _taints(path: str, taints: list[Any], dev: str | None) -> list[FieldError]:

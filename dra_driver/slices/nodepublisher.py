@@ -19,7 +19,7 @@ from dra_driver import health_server
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import health, migprofiles, model
 from dra_driver.kube import api as kube
-from dra_driver.slices import leader, publisher, republish, taints
+from dra_driver.slices import leader, publisher, republish, shares, taints
 
 
 class NodePublisher:
@@ -40,6 +40,7 @@ class NodePublisher:
         metrics: metrics_mod.DriverMetrics | None = None,
         board: health.HealthBoard | None = None,
         dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
+        shareable: shares.Shareable = shares.NONE,
     ) -> None:
         """Raises :class:`~dra_driver.slices.build.BuildError` when no slice can be built.
         ``grace_s``: how long publishing may fail before :meth:`published` says no;
@@ -60,6 +61,7 @@ class NodePublisher:
             watch_timeout_s=watch_timeout_s,
             decorate=taints.decorator(snap, driver_name) if snap else None,
             dynamic_mig=dynamic_mig,
+            shareable=shareable,
         )
         self.follower: republish.HealthRepublisher | None = None
         if board is not None and snap is not None:  # the desired set follows health always
@@ -72,6 +74,7 @@ class NodePublisher:
                 driver_name=driver_name,
                 log=log,
                 dynamic_mig=dynamic_mig,
+                shareable=shareable,
             )
         self.lock = leader.PublisherLock(lock_file, log=log)
 

@@ -27,7 +27,7 @@ from typing import Any
 from dra_driver import logs
 from dra_driver.devices import migprofiles, model
 from dra_driver.kube import api
-from dra_driver.slices import build, compare, validate
+from dra_driver.slices import build, compare, shares, validate
 from dra_driver.slices.pubtypes import Backoff, Log, Outcome, PublishError
 
 __all__ = ["Backoff", "Log", "Outcome", "PublishError", "Publisher", "start_node_publisher"]
@@ -388,6 +388,7 @@ def start_node_publisher(
     watch_timeout_s: float = 30.0,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     decorate: Callable[[list[api.Obj]], None] | None = None,
+    shareable: shares.Shareable = shares.NONE,
 ) -> Publisher:
     """Build the node's slices from ``devices`` and keep them published (the node agent's hook;
     ``start=False``: the caller starts it, e.g. once it holds the node's publisher lock).
@@ -401,6 +402,7 @@ def start_node_publisher(
         driver_name=driver_name,
         decorate=decorate,
         dynamic_mig=dynamic_mig,
+        shareable=shareable,
     )
     publisher = Publisher(
         kube=api,

@@ -77,6 +77,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "kubeletPlugin": {
             **_PATHS,
             "seamlessUpgrade": True,
+            "shareable": "H100",
             "dynamicMig": "H100",
             "publishGraceSeconds": 45.5,
         },
@@ -98,6 +99,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "devicePlugin": {
             "enabled": True,
             "replicas": 3,
+            "sharingStrategy": "mps",
+            "mpsDir": "/x/mps",
             "migStrategy": "mixed",
             "deviceListStrategy": "envvar",
             "resourceName": "example.com/gpu",
