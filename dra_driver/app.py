@@ -216,7 +216,15 @@ def build_driver(
         specs=specs,
         store=store,
         log=log,
-        gpu_sharing=sharing.GpuSharing(gpu_control=control_, log=log),
+        gpu_sharing=sharing.GpuSharing(
+            gpu_control=control_,
+            log=log,
+            others=(
+                instances.SharedSharing(store=store, locks=locks, devices=preparable)
+                if locks
+                else None
+            ),
+        ),
         mps=mpsclaims.MpsClaims(
             daemons=mps_daemons_for(settings, files=files, gpu_control=control_, log=log),
             store=store,
@@ -224,11 +232,6 @@ def build_driver(
             gpu_memory=mpsclaims.gpu_memory(devices),
             driver_name=settings.driver_name,
             log=log,
-            others=(
-                instances.SharedSharing(store=store, locks=locks, devices=preparable)
-                if locks
-                else None
-            ),
         ),
         mig_instances=mig_mod.MigInstances(control=mig_control, devices=preparable, log=log),
         device_taints=device_taints,

@@ -4,9 +4,10 @@ Why its own module: :mod:`~dra_driver.driver.state` prepares and unprepares clai
 plugin runs; this is the other half of its crash-safety argument (the order of effects is in
 that module's docstring), run once before the plugin serves: records of an earlier boot are
 forgotten, unreadable files moved aside (:mod:`~dra_driver.driver.checkpoint`), GPU sharing
-re-applied or restored, MPS daemons adopted or stopped, dynamic MIG instances reconciled with the records (unprepares a crash
-cut short are finished), interrupted preparations rolled back, missing or differing CDI specs of
-prepared claims rewritten from their records, and specs of ours without a record removed.
+re-applied or restored, MPS daemons adopted or stopped, dynamic MIG instances reconciled with the
+records (unprepares a crash cut short are finished), interrupted preparations rolled back,
+missing or differing CDI specs of prepared claims rewritten from their records, and specs of ours
+without a record removed.
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ from dra_driver.driver import (
     claims,
     config,
     inventory,
-    recovery,
     mpsclaims,
+    recovery,
     results,
     sharing,
 )
