@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint pytest system-deps proto clean chart e2e e2e-down
+.PHONY: demo test lint pytest system-deps proto clean chart e2e e2e-down faults
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ system-deps:
 chart: $(STAMP)
 	$(BIN)/python scripts/render_chart.py --check
 	$(BIN)/python scripts/render_chart.py --check-static
+
+# The fault suite (docs/faults.md): a few minutes on 2 cores; `make test` runs its --quick form.
+faults: $(STAMP)
+	$(BIN)/python benchmarks/faults.py
 
 # kind e2e: needs Docker, kind and kubectl (not available in CI). e2e-down deletes the cluster.
 e2e: $(STAMP)

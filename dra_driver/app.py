@@ -8,6 +8,10 @@ shuts down in the order that keeps the kubelet informed: registration socket fir
 stops sending work), then the publisher, labels and clean-up, then the DRA service once in-flight
 calls are answered.
 
+Only one instance per node publishes (:mod:`~dra_driver.slices.leader`); readiness says whether
+our slices are published: by us (``slices_published`` turns false once publishing has failed for
+longer than ``publish_grace_s``, and true with the next success) or by the other instance.
+
 With ``pod_uid`` set (seamless upgrades, contracts.md §8.2) the sockets carry the pod UID in
 their names and the claim state is shared safely with the other instance through file locks
 (:mod:`dra_driver.driver.instances`). Metrics and readiness are handed in by the CLI, which
@@ -21,7 +25,6 @@ import hashlib
 import os
 import signal
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,7 +61,7 @@ from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.nodelabels import agent as nodelabels
 from dra_driver.nodelabels import compute as labels_compute
-from dra_driver.slices import build, publisher, republish, shares, taints
+from dra_driver.slices import build, leader, nodepublisher, shares, taints
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,6 +86,8 @@ class PluginSettings:
     serial: bool = False
     cleanup_interval_s: float = 60.0
     publish: bool = True
+    publish_grace_s: float = 60.0  # publishing may fail this long before /readyz says 503
+    watch_timeout_s: float = 30.0  # each watch of our slices; silence past it: connection dead
     dynamic_mig: str = migprofiles.NONE  # none | all | product-name regex (--dynamic-mig)
     node_labels: bool = True  # keep this node's GPU labels (docs/labels.md) on its Node
     node_labels_resync_s: float = 60.0
@@ -211,7 +216,15 @@ def build_driver(
         specs=specs,
         store=store,
         log=log,
-        gpu_sharing=sharing.GpuSharing(gpu_control=control_, log=log),
+        gpu_sharing=sharing.GpuSharing(
+            gpu_control=control_,
+            log=log,
+            others=(
+                instances.SharedSharing(store=store, locks=locks, devices=preparable)
+                if locks
+                else None
+            ),
+        ),
         mps=mpsclaims.MpsClaims(
             daemons=mps_daemons_for(settings, files=files, gpu_control=control_, log=log),
             store=store,
@@ -307,39 +320,34 @@ def start_publisher(
     devices: model.NodeDevices,
     api: kube.KubeApi,
     log: structlog.typing.FilteringBoundLogger,
-    on_pass: Callable[[publisher.Outcome | None], None] | None = None,
+    metrics: metrics_mod.DriverMetrics | None = None,
+    readiness: health_server.Readiness | None = None,
     board: health.HealthBoard | None = None,
-) -> Stoppable | None:
-    """Keep this node's ResourceSlices published (unless ``settings.publish`` is off), with
-    the taints of ``board``'s unhealthy GPUs, re-published whenever the board changes."""
+) -> nodepublisher.NodePublisher | None:
+    """Keep this node's ResourceSlices published (unless ``settings.publish`` is off), as the
+    one publishing instance of the node, with the taints of ``board``'s unhealthy GPUs,
+    re-published whenever the board changes; ``readiness``'s ``slices_published`` follows it."""
     if not settings.publish:
         log.info("not publishing ResourceSlices (disabled)")
         return None
-    snap = board.snapshot() if board is not None else None
-    pub = publisher.start_node_publisher(
+    node = nodepublisher.NodePublisher(
+        driver_name=settings.driver_name,
+        node_name=settings.node_name,
+        devices=devices,
         api=api,
-        devices=devices,
-        driver_name=settings.driver_name,
-        node_name=settings.node_name,
+        lock_file=settings.plugin_dir / leader.LOCK_FILE,
+        grace_s=settings.publish_grace_s,
+        watch_timeout_s=settings.watch_timeout_s,
         log=log.bind(component="publisher"),
-        on_pass=on_pass,
-        decorate=taints.decorator(snap, settings.driver_name) if snap else None,
-        dynamic_mig=settings.dynamic,
-        shareable=settings.shareable,
-    )
-    if board is None or snap is None:
-        return pub
-    return republish.follow(
-        pub,
+        metrics=metrics,
         board=board,
-        built_at_version=snap.version,
-        devices=devices,
-        node_name=settings.node_name,
-        driver_name=settings.driver_name,
-        log=log.bind(component="publisher"),
         dynamic_mig=settings.dynamic,
         shareable=settings.shareable,
     )
+    if readiness is not None:
+        readiness.set_check("slices_published", node.published)
+    node.start()
+    return node
 
 
 def start_node_labels(
@@ -439,6 +447,7 @@ def run(
         ],
         log=log,
         max_workers=settings.grpc_workers,
+        stream_slots=streams.slots.limit,
     )
     reg_service = registration.RegistrationService(
         driver_name=settings.driver_name,
@@ -469,11 +478,14 @@ def run(
                 devices=devices,
                 api=api,
                 log=log,
-                on_pass=lambda outcome: _published(outcome, metrics=metrics, readiness=readiness),
+                metrics=metrics,
+                readiness=readiness,
                 board=board,
             )
         except build.BuildError as exc:  # keep serving: prepared claims still need unprepare
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))
+        except leader.LockError as exc:
+            log.error("cannot take part in publishing; NOT publishing", error=str(exc))
         node_labels = start_node_labels(settings, devices=devices, api=api, source=board, log=log)
         cleanup.start()
         if supervisor is not None:
@@ -498,17 +510,6 @@ def run(
         driver.close()
     log.info("stopped")
     return 0
-
-
-def _published(
-    outcome: publisher.Outcome | None,
-    *,
-    metrics: metrics_mod.DriverMetrics,
-    readiness: health_server.Readiness,
-) -> None:
-    metrics.slice_publish(ok=outcome is not None, slices=outcome.slices if outcome else None)
-    if outcome is not None:
-        readiness.set("slices_published")
 
 
 def install_signal_handlers(stop: threading.Event) -> None:

@@ -8,9 +8,15 @@ a kubelet gRPC call.
 - ``/healthz``: 200 while the process answers (liveness: a hung agent is restarted).
 - ``/readyz``: 200 once every readiness condition holds, else 503; the body lists them.
   For the kubelet plugin the conditions are ``registered`` (the kubelet called
-  NotifyRegistrationStatus with success) and ``slices_published`` (the first reconcile of our
-  ResourceSlices succeeded). The app flips them on a :class:`Readiness` object.
+  NotifyRegistrationStatus with success) and ``slices_published`` (our ResourceSlices are
+  published: false until the first reconcile succeeds, and false again while publishing has
+  failed for longer than ``--publish-grace``). The app flips them on a :class:`Readiness`
+  object, or hands it a check computed when asked, e.g. a :class:`Grace`.
 - ``/metrics``: the explicit prometheus registry, text or OpenMetrics by ``Accept``.
+
+Where it listens: ``--metrics-address`` (env ``METRICS_ADDRESS``); by default the pod's own IP
+(env ``POD_IP``, which the chart sets from the downward API), and ``127.0.0.1`` outside a pod —
+never every interface unless asked to (``0.0.0.0`` / ``::``). IPv6 addresses work too.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ import argparse
 import http.server
 import json
 import os
+import socket
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from types import TracebackType
 
 import prometheus_client as prom
@@ -43,30 +51,103 @@ class UnknownCondition(ValueError):
     """A readiness condition name the :class:`Readiness` object was not built with."""
 
 
+class Grace:
+    """A condition that rides out short failures: false until the first success; then true
+    until failures (with no success in between) have lasted longer than ``grace_s``; true
+    again at the next success. Thread-safe; hand it to :meth:`Readiness.set_check`.
+
+    E.g. publishing: ``ok()`` after every successful reconcile, ``failed()`` after every
+    failed one (or a watch that cannot be opened); ``grace_s`` is ``--publish-grace``.
+    """
+
+    def __init__(
+        self, grace_s: float, *, ready: bool = False, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if grace_s < 0:
+            raise ValueError(f"grace period {grace_s}: must not be negative")
+        self.grace_s = grace_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._succeeded = ready
+        self._failing_since: float | None = None
+
+    def ok(self) -> None:
+        with self._lock:
+            self._succeeded = True
+            self._failing_since = None
+
+    def failed(self) -> None:
+        with self._lock:
+            if self._failing_since is None:
+                self._failing_since = self._clock()
+
+    def failing_for(self) -> float | None:
+        """Seconds since the current run of failures began; None when not failing."""
+        with self._lock:
+            since = self._failing_since
+        return None if since is None else self._clock() - since
+
+    def __call__(self) -> bool:
+        with self._lock:
+            if not self._succeeded:
+                return False
+            since = self._failing_since
+        return since is None or self._clock() - since <= self.grace_s
+
+
 class Readiness:
     """Named readiness conditions, all initially false; thread-safe."""
 
     def __init__(self, *, conditions: Iterable[str] = KUBELET_PLUGIN_CONDITIONS) -> None:
         self._lock = threading.Lock()
         self._state: dict[str, bool] = {name: False for name in conditions}
+        self._checks: dict[str, Callable[[], bool]] = {}
         if not self._state:
             raise UnknownCondition("readiness needs at least one condition")
 
     def set(self, name: str, ok: bool = True) -> None:
         """Set condition ``name``; e.g. ``readiness.set("registered")`` once the kubelet did."""
         with self._lock:
-            if name not in self._state:
-                raise UnknownCondition(
-                    f"readiness condition {name!r}: not one of {', '.join(self._state)}"
-                )
+            self._known(name)
+            self._checks.pop(name, None)
             changed = self._state[name] != ok
             self._state[name] = ok
         if changed:
             _log.info("readiness condition changed", condition=name, ok=ok)
 
+    def set_check(self, name: str, check: Callable[[], bool]) -> None:
+        """Compute condition ``name`` with ``check`` whenever readiness is asked for (a
+        :class:`Grace`, or anything that knows by itself, e.g. how long since a success)."""
+        with self._lock:
+            self._known(name)
+            self._checks[name] = check
+
+    def _known(self, name: str) -> None:
+        if name not in self._state:
+            raise UnknownCondition(
+                f"readiness condition {name!r}: not one of {', '.join(self._state)}"
+            )
+
     def snapshot(self) -> dict[str, bool]:
         with self._lock:
-            return dict(self._state)
+            checks = dict(self._checks)
+        values = {}
+        for name, check in checks.items():
+            try:
+                values[name] = bool(check())
+            except Exception as exc:  # a broken check reads as not ready, never as an error
+                _log.error("readiness check failed", condition=name, error=repr(exc))
+                values[name] = False
+        changed = []
+        with self._lock:
+            for name, ok in values.items():
+                if name in self._checks and self._state[name] != ok:
+                    self._state[name] = ok
+                    changed.append((name, ok))
+            state = dict(self._state)
+        for name, ok in changed:
+            _log.info("readiness condition changed", condition=name, ok=ok)
+        return state
 
     def is_ready(self) -> bool:
         return all(self.snapshot().values())
@@ -80,7 +161,7 @@ class HealthServer:
         *,
         registry: prom.CollectorRegistry,
         readiness: Readiness,
-        host: str = "0.0.0.0",
+        host: str = "127.0.0.1",
         port: int = DEFAULT_PORT,
     ) -> None:
         if not 0 <= port <= 65535:
@@ -104,8 +185,9 @@ class HealthServer:
         if self._httpd is not None:
             raise HealthServerError("health server already started")
         handler = _handler_class(registry=self._registry, readiness=self._readiness)
+        server_class = _IPv6Server if ":" in self._host else http.server.ThreadingHTTPServer
         try:
-            httpd = http.server.ThreadingHTTPServer((self._host, self._port), handler)
+            httpd = server_class((self._host, self._port), handler)
         except OSError as exc:
             raise HealthServerError(
                 f"health server cannot listen on {self._host}:{self._port}: {exc.strerror or exc}"
@@ -144,6 +226,16 @@ class HealthServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class _IPv6Server(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def default_address() -> str:
+    """Where to listen unless told: ``METRICS_ADDRESS``, else the pod IP (``POD_IP``, from the
+    downward API), else loopback — never every interface by default."""
+    return os.environ.get("METRICS_ADDRESS") or os.environ.get("POD_IP") or "127.0.0.1"
 
 
 def _handler_class(
@@ -190,8 +282,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-address",
         metavar="HOST",
-        default=os.environ.get("METRICS_ADDRESS", "0.0.0.0"),
-        help="bind address of the /metrics, /healthz, /readyz server (env METRICS_ADDRESS)",
+        default=default_address(),
+        help="bind address of the /metrics, /healthz, /readyz server (env METRICS_ADDRESS; "
+        "default: the pod IP from env POD_IP, else 127.0.0.1; 0.0.0.0 or :: = every interface)",
     )
     # A string default goes through ``type`` too, so a bad METRICS_PORT gets the same message.
     parser.add_argument(

@@ -3,12 +3,19 @@
 Every log line is a structlog event: JSON when the output is not a terminal (containers, CI),
 a readable console rendering on a TTY. Lines about a claim carry ``claim_uid``,
 ``claim_namespace`` and ``claim_name`` (bind them with :func:`claim_logger`).
+
+Libraries that log through the standard library (grpc, urllib3, kubernetes) go through the same
+renderer, one event per record, so a JSON log stays one JSON object per line. An exception a
+record carries becomes a field: the whole traceback for our own code's, only its type and
+message for grpc's — grpc logs one for every undecodable request a client sends, which is the
+client's fault, not a bug to trace.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from typing import Literal
 
 import structlog
@@ -37,7 +44,41 @@ def configure(*, level: str = "info", fmt: Format = "auto") -> None:
         logger_factory=_StderrLogger,
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(name)s: %(message)s")
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, StdlibBridge):
+            root.removeHandler(handler)
+    root.addHandler(StdlibBridge())
+    root.setLevel(numeric)
+
+
+# Loggers whose exceptions are about what a client sent (no traceback of ours in them).
+_CLIENT_FAULT_LOGGERS = ("grpc",)
+
+
+class StdlibBridge(logging.Handler):
+    """Hands standard-library log records to structlog (one rendered event per record)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields: dict[str, object] = {}
+            if record.exc_info and record.exc_info[1] is not None:
+                exc = record.exc_info[1]
+                if record.name.split(".", 1)[0] in _CLIENT_FAULT_LOGGERS:
+                    fields["error"] = f"{type(exc).__name__}: {exc}"
+                else:
+                    fields["exception"] = "".join(traceback.format_exception(exc)).rstrip()
+            logger = get(record.name)
+            if record.levelno >= logging.ERROR:
+                logger.error(record.getMessage(), **fields)
+            elif record.levelno >= logging.WARNING:
+                logger.warning(record.getMessage(), **fields)
+            elif record.levelno >= logging.INFO:
+                logger.info(record.getMessage(), **fields)
+            else:
+                logger.debug(record.getMessage(), **fields)
+        except Exception:
+            self.handleError(record)
 
 
 class _StderrLogger:

@@ -135,8 +135,10 @@ def test_flags_and_env_twins(monkeypatch: pytest.MonkeyPatch) -> None:
         health_server.add_flags(parser)
         return parser.parse_args(argv)
 
+    monkeypatch.delenv("METRICS_ADDRESS", raising=False)
+    monkeypatch.delenv("POD_IP", raising=False)
     args = parse()
-    assert (args.metrics_address, args.metrics_port) == ("0.0.0.0", 8080)
+    assert (args.metrics_address, args.metrics_port) == ("127.0.0.1", 8080)
     monkeypatch.setenv("METRICS_PORT", "9400")
     monkeypatch.setenv("METRICS_ADDRESS", "127.0.0.1")
     args = parse()
@@ -154,3 +156,37 @@ def test_flags_and_env_twins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("METRICS_PORT", "eighty")
     with pytest.raises(argparse.ArgumentError, match="not a number"):
         parse()
+
+
+def test_the_server_never_listens_on_every_interface_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 16, defect 7: the default was 0.0.0.0 in both agents."""
+
+    def address(*argv: str) -> str:
+        parser = argparse.ArgumentParser(exit_on_error=False)
+        health_server.add_flags(parser)
+        return str(parser.parse_args(argv).metrics_address)
+
+    monkeypatch.delenv("METRICS_ADDRESS", raising=False)
+    monkeypatch.delenv("POD_IP", raising=False)
+    assert address() == "127.0.0.1"  # outside a pod: loopback
+    monkeypatch.setenv("POD_IP", "10.244.1.7")
+    assert address() == "10.244.1.7"  # in a pod: its IP (the chart passes status.podIP)
+    monkeypatch.setenv("METRICS_ADDRESS", "0.0.0.0")
+    assert address() == "0.0.0.0"  # asked for explicitly
+    assert address("--metrics-address", "::1") == "::1"
+    ready = health_server.Readiness()
+    with health_server.HealthServer(
+        registry=metrics.new().registry, readiness=ready, port=0
+    ) as server:
+        assert server.address[0] == "127.0.0.1"
+    with health_server.HealthServer(
+        registry=metrics.new().registry, readiness=ready, host="::1", port=0
+    ) as server:
+        host, port = server.address
+        assert host == "::1"
+        conn = http.client.HTTPConnection("::1", port, timeout=5)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200
+        conn.close()

@@ -102,8 +102,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--no-publish", action="store_true", help="do not publish ResourceSlices (testing)"
     )
+    parser.add_argument(
+        "--publish-grace",
+        type=_seconds,
+        default=env_default("PUBLISH_GRACE", "60"),
+        metavar="SECONDS",
+        help="how long publishing ResourceSlices may fail (API server unreachable, writes "
+        "refused) before /readyz turns 503; the next success turns it 200 again "
+        "(env PUBLISH_GRACE; default 60)",
+    )
     # Test seam, not for operators.
     parser.add_argument("--boot-id-file", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--watch-timeout", type=_seconds, default=30.0, help=argparse.SUPPRESS)
     parser.add_argument(
         "--dev-root",
         type=Path,
@@ -125,6 +135,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     healthflags.add_flags(parser)
     labelflags.add_flags(parser)
     parser.set_defaults(handler=run)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more seconds")
+    return value
 
 
 def settings_from(args: argparse.Namespace) -> app.PluginSettings:
@@ -152,6 +172,8 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         api_keepalive_s=max(0.0, args.api_keepalive),
         cleanup_interval_s=args.cleanup_interval,
         publish=not args.no_publish,
+        publish_grace_s=args.publish_grace,
+        watch_timeout_s=args.watch_timeout,
         dynamic_mig=args.dynamic_mig,
         health=healthflags.policy_from(args),
         node_labels=args.node_labels,

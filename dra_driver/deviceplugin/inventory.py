@@ -38,6 +38,17 @@ class InventoryError(Exception):
     """The node's devices cannot be offered as configured (bad resource name, MIG layout...)."""
 
 
+SHOWN_IDS = 8  # unknown IDs named in one error
+SHOWN_ID_CHARS = 80  # characters of each
+
+
+def _shown(device_id: str) -> str:
+    """``device_id`` quoted for an error message, cut short when it is long."""
+    if len(device_id) <= SHOWN_ID_CHARS:
+        return repr(device_id)
+    return f"{device_id[:SHOWN_ID_CHARS]!r}...({len(device_id)} characters)"
+
+
 class RequestError(ValueError):
     """A kubelet request names devices or sizes this resource cannot satisfy."""
 
@@ -79,7 +90,7 @@ class Resource:
         for dev in self.devices:
             if dev.id == device_id:
                 return dev
-        raise RequestError(f"unknown device ID {device_id!r} for resource {self.name}")
+        raise RequestError(f"unknown device ID {_shown(device_id)} for resource {self.name}")
 
     def lookup(self, ids: Iterable[str], *, field: str) -> list[PluginDevice]:
         """Devices for ``ids`` (duplicates dropped, order kept); unknown IDs are all named."""
@@ -87,7 +98,10 @@ class Resource:
         unique = list(dict.fromkeys(ids))
         unknown = [i for i in unique if i not in known]
         if unknown:
-            shown = ", ".join(repr(i) for i in unknown)
+            # Named, but bounded: the message travels back in gRPC metadata (a few KiB at most).
+            shown = ", ".join(_shown(i) for i in unknown[:SHOWN_IDS])
+            if len(unknown) > SHOWN_IDS:
+                shown += f" and {len(unknown) - SHOWN_IDS} more"
             raise RequestError(
                 f"{field}: unknown device ID{'s' if len(unknown) > 1 else ''} {shown} "
                 f"for resource {self.name} (this node lists {len(known)} devices)"

@@ -27,6 +27,7 @@ from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+UNARY_WORKERS = 8  # Allocate, GetPreferredAllocation, ...; ListAndWatch streams get their own
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 _log = logs.get("deviceplugin.registrar")
@@ -118,7 +119,10 @@ class Endpoint:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)  # a stale socket from a previous run
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"dp-{self.resource_name}")
+            futures.ThreadPoolExecutor(
+                max_workers=UNARY_WORKERS + self.service.slots.limit,
+                thread_name_prefix=f"dp-{self.resource_name}",
+            )
         )
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
         try:

@@ -14,7 +14,7 @@ from typing import NoReturn
 
 import grpc
 
-from dra_driver import logs
+from dra_driver import grpcstreams, logs
 from dra_driver.deviceplugin import allocate, cdi, inventory, preferred
 from dra_driver.deviceplugin import mps as mps_replicas
 from dra_driver.devices import health, topology
@@ -24,6 +24,7 @@ from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 _log = logs.get("deviceplugin.service")
 
 HealthView = tuple[bool, ...]
+MAX_DETAILS = 2048  # characters of an error's status details
 
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):
@@ -40,10 +41,13 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         spec: cdi.StaticSpec | None,
         fake_node: str | None,
         stream_poll_s: float = 1.0,
+        slots: grpcstreams.StreamSlots | None = None,
         mps: mps_replicas.MpsReplicas | None = None,
     ) -> None:
         self.resource = resource
         self._mps = mps
+        # ListAndWatch streams get their own threads (the server adds ``slots.limit``).
+        self.slots = slots or grpcstreams.StreamSlots(what=f"{resource.name} ListAndWatch")
         self._topo = topo
         self._health = health_source
         self._strategy = strategy
@@ -82,6 +86,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
     def ListAndWatch(
         self, request: pb.Empty, context: grpc.ServicerContext
     ) -> Iterator[pb.ListAndWatchResponse]:
+        with self.slots.slot(context):
+            yield from self._list_and_watch(context)
+
+    def _list_and_watch(self, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         snap = self._health.snapshot()
         last = self._view(snap)
         self._log.info("ListAndWatch started", devices=len(last), unhealthy=last.count(False))
@@ -181,6 +189,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT,
     ) -> NoReturn:
         message = f"{self.resource.name}: container_requests[{container}]: {exc}"
+        if len(message) > MAX_DETAILS:  # status details travel in metadata (limited in size)
+            message = message[:MAX_DETAILS] + "..."
         self._log.warning(f"{call} rejected", error=message)
         context.abort(code, message)
 

@@ -10,7 +10,9 @@ Two phases: a record is written as ``PrepareStarted`` *before* the claim's CDI s
 ``PrepareCompleted`` after it. A record still ``PrepareStarted`` at start-up is a preparation a
 crash interrupted and is rolled back. A file that does not decode (corrupted, or written by a
 newer version) is moved aside to ``claims-aside/`` with a loud error instead of being silently
-replaced, and the plugin starts anyway.
+replaced, and the plugin starts anyway. "Does not decode" covers everything: files larger than
+:data:`MAX_FILE_BYTES` are refused before they are parsed, and JSON nested too deeply for the
+parser (``RecursionError``) is corruption like any other, never a crash loop at start-up.
 
 Boot scoping: prepared claims do not survive a reboot (device state and the tmpfs
 ``/var/run/cdi`` are gone), so every record carries the node's boot ID, and ``checkpoint.json``
@@ -46,10 +48,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 from pathlib import Path
@@ -66,6 +70,8 @@ META_KIND: Final = "GpuDraClaimCheckpoint"
 PREPARE_STARTED: Final = "PrepareStarted"
 PREPARE_COMPLETED: Final = "PrepareCompleted"
 State = Literal["PrepareStarted", "PrepareCompleted"]
+# A record is a few KiB (a spec and up to 32 devices); anything this large is not one of ours.
+MAX_FILE_BYTES: Final = 4 << 20
 _UID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,126}[A-Za-z0-9])?$")
 _STRICT = pydantic.ConfigDict(extra="forbid", frozen=True)
 # The state as serialised (model_dump_json: compact, fields in declaration order, so the first
@@ -143,6 +149,18 @@ class LoadReport:
     records: list[ClaimRecord] = dataclasses.field(default_factory=list)
     other_boot: list[str] = dataclasses.field(default_factory=list)  # UIDs of discarded claims
     moved_aside: list[Path] = dataclasses.field(default_factory=list)
+    unreadable: list[Path] = dataclasses.field(default_factory=list)  # claim files not decoded
+
+
+def decode_json(data: bytes, *, what: str) -> Any:
+    """``data`` parsed as JSON; ValueError for anything that is not (too large, too deeply
+    nested for the parser, not UTF-8, not JSON)."""
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"{what} is {len(data)} bytes, more than the {MAX_FILE_BYTES} allowed")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply to be a checkpoint") from None
 
 
 def valid_uid(uid: str) -> bool:
@@ -207,10 +225,11 @@ class Checkpoint:
                 atomicfile.remove(path, durable=False)
                 continue
             try:
-                record = ClaimRecord.model_validate(json.loads(path.read_bytes()))
+                record = ClaimRecord.model_validate(decode_json(read_file(path), what=path.name))
                 if path.name != f"{record.uid}.json":
                     raise ValueError(f"file name does not match the record's uid {record.uid}")
-            except (ValueError, OSError) as exc:
+            except (ValueError, OSError, RecursionError) as exc:
+                report.unreadable.append(path)
                 report.moved_aside.append(self._move_aside(path, exc))
                 continue
             if record.bootId != self.boot_id:
@@ -227,7 +246,7 @@ class Checkpoint:
     def _meta_boot(self, report: LoadReport) -> str | None:
         """The boot the claim files belong to; None when unknown (then each record says)."""
         try:
-            meta = json.loads(self.meta_path.read_bytes())
+            meta = decode_json(read_file(self.meta_path), what=self.meta_path.name)
         except FileNotFoundError:
             return None
         except (ValueError, OSError) as exc:
@@ -394,6 +413,27 @@ class Checkpoint:
             raise CheckpointError(f"cannot remove checkpoint of claim {uid}: {exc}") from exc
         with self._lock:
             self._records.pop(uid, None)
+
+
+def read_file(path: Path) -> bytes:
+    """A regular file's bytes, at most one more than :data:`MAX_FILE_BYTES` (enough to refuse
+    it). Symlinks, FIFOs and devices are refused with OSError: never followed, never blocked on.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _same_but_state(a: ClaimRecord, b: ClaimRecord) -> bool:

@@ -7,7 +7,8 @@ others or the call as a whole. ``serial=True`` prepares one claim after the othe
 benchmark to show what parallelism buys).
 
 It also runs the periodic clean-up: claims we still hold whose ResourceClaim no longer exists
-(or exists under a new UID) are unprepared, so nothing leaks when kubelet never calls back.
+(or exists under a new UID) are unprepared, so nothing leaks when kubelet never calls back, and
+device ownership left without a record (a rollback that could not finish) is released.
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ class Driver:
         self.metrics.set_prepared(claims=len(records), devices=sum(len(r.devices) for r in records))
 
     def cleanup(self) -> list[claims.ClaimRef]:
-        """Unprepare held claims whose ResourceClaim is gone or replaced; returns them."""
+        """Unprepare held claims whose ResourceClaim is gone or replaced; returns them. Also
+        releases device ownership no record backs."""
+        for orphan in self.state.release_orphans():
+            self.log.warning("released devices held without a prepared claim", claim_uid=orphan)
         gone: list[claims.ClaimRef] = []
         for ref in self.state.prepared_claims():
             clog = logs.claim_logger(self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name)
@@ -132,8 +136,10 @@ class Driver:
     def _error(self, what: str, ref: claims.ClaimRef, exc: Exception) -> str:
         """The claim's error string; the request's log event carries it (bugs also get a
         traceback event of their own)."""
-        if isinstance(exc, claims.ClaimError | checkpoint.CheckpointError):
+        if isinstance(exc, claims.ClaimError):
             return str(exc)
+        if isinstance(exc, checkpoint.CheckpointError):  # names the claim by UID only
+            return f"{ref}: {exc}"
         self._claim_log(ref).exception(f"{what} failed unexpectedly")
         return f"{ref}: {what} failed: internal error: {type(exc).__name__}: {exc}"
 

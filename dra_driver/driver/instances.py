@@ -14,6 +14,9 @@ the other (contracts.md §8.2), so between calls nothing may live only in one pr
   lock) instead of trusted from this process's index.
 - :class:`SharedOwnership`: device ownership that forgets claims the other instance has
   unprepared, so no device is refused as "busy" on the word of a stale memory.
+- :class:`SharedSharing`: the GPU time-slicing holders of both instances (from the records on
+  disk) and a per-GPU file lock (``_gpu-<uuid>.lock``), so releasing a claim in one instance
+  never resets a GPU a claim of the other still wants time-sliced.
 
 Lock files are removed on release; a waiter that locked a file removed under it notices (the
 path no longer names its inode) and tries again. Used only when ``--pod-uid`` is set: a single
@@ -25,17 +28,18 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
-import json
 import os
+import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import structlog
 
-from dra_driver.driver import checkpoint, claims, state
+from dra_driver.driver import checkpoint, claims, inventory, sharing, state
 
 NODE_LOCK = "_node.lock"  # "_" never appears in a claim UID, so no claim can collide with it
+_GPU_UUID = re.compile(r"^[A-Za-z0-9-]{1,128}$")
 
 
 class LockError(claims.ClaimError):
@@ -73,6 +77,14 @@ class ClaimFileLocks:
     def exclusive(self) -> Iterator[None]:
         """Hold off every claim operation of every instance (start-up recovery)."""
         with self._flock(self.directory / NODE_LOCK, fcntl.LOCK_EX, remove=False):
+            yield
+
+    @contextlib.contextmanager
+    def gpu(self, uuid: str) -> Iterator[None]:
+        """Hold GPU ``uuid``'s lock (blocking): changes of its settings take turns."""
+        if not _GPU_UUID.match(uuid):
+            raise LockError(f"GPU uuid {uuid!r}: cannot name a lock file after it")
+        with self._flock(self.directory / f"_gpu-{uuid}.lock", fcntl.LOCK_EX, remove=False):
             yield
 
     def holds(self, uid: str) -> bool:
@@ -154,14 +166,15 @@ class SharedCheckpoint(checkpoint.Checkpoint):
 
     def _read(self, path: Path, *, strict: bool) -> checkpoint.ClaimRecord | None:
         try:
-            data = path.read_bytes()
+            data = checkpoint.read_file(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise checkpoint.CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from exc
         try:
-            record = checkpoint.ClaimRecord.model_validate(json.loads(data))
-        except ValueError as exc:
+            decoded = checkpoint.decode_json(data, what=str(path))
+            record = checkpoint.ClaimRecord.model_validate(decoded)
+        except (ValueError, RecursionError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise checkpoint.CheckpointError(
                 f"checkpoint file {path} is unreadable: {reason}"
@@ -190,3 +203,25 @@ class SharedOwnership(state.Ownership):
             if not self._file_locks.holds(uid) and not self._store.path(uid).exists():
                 self.release(uid)
         super().reserve(ref, devices)
+
+
+class SharedSharing:
+    """:class:`~dra_driver.driver.sharing.OtherHolders` from the shared checkpoint on disk."""
+
+    def __init__(
+        self, *, store: checkpoint.Checkpoint, locks: ClaimFileLocks, devices: inventory.Inventory
+    ) -> None:
+        self._store = store
+        self._locks = locks
+        self._devices = devices
+
+    def holders(self, uuid: str) -> Mapping[str, sharing.Target]:
+        found: dict[str, sharing.Target] = {}
+        for record in self._store.records():
+            for target in sharing.recorded_targets(record, self._devices):
+                if target.uuid == uuid:
+                    found[record.uid] = target
+        return found
+
+    def lock(self, uuid: str) -> contextlib.AbstractContextManager[object]:
+        return self._locks.gpu(uuid)

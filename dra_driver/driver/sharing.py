@@ -18,6 +18,10 @@ refused, and a GPU returns to its baseline only when its last holder lets go. Ev
 GPU is a *sync* of the card with the current holders, under that GPU's lock, so concurrent
 applies and releases always leave the card matching the holders.
 
+With two plugin instances on one node (seamless upgrades) a GPU's holders are not all in this
+process's memory: :class:`OtherHolders` adds the ones recorded on disk and a lock shared by both
+processes, so neither instance resets a GPU the other's claim still wants time-sliced.
+
 A claim applies all or nothing: when one GPU fails, the ones already changed are synced back and
 the claim gets an error naming the device and the reason. The intent is in the checkpoint before
 any GPU is touched (each device's merged config in the ``PrepareStarted`` record), so crash
@@ -26,10 +30,11 @@ recovery can restore GPUs a dead process had changed (:meth:`GpuSharing.recover`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Final
+from collections.abc import Collection, Mapping, Sequence
+from typing import Final, Protocol
 
 import pydantic
 import structlog
@@ -109,6 +114,27 @@ def recorded_targets(
     return tuple(found)
 
 
+def full_gpus(devices: inventory.Inventory) -> tuple[tuple[str, str], ...]:
+    """(device name, UUID) of every full GPU of the node: what a GPU-wide restore covers."""
+    return tuple((d.name, d.uuid) for d in devices.devices.values() if d.kind == "gpu")
+
+
+class OtherHolders(Protocol):
+    """What another plugin instance on the node holds (read from the shared checkpoint)."""
+
+    def holders(self, uuid: str) -> Mapping[str, Target]:
+        """Claim uid → target for GPU ``uuid``, as recorded on disk by either instance."""
+        ...
+
+    def lock(self, uuid: str) -> contextlib.AbstractContextManager[object]:
+        """A lock on GPU ``uuid`` that both processes take before they change it."""
+        ...
+
+
+class _Conflict(control.ControlError):
+    """Another holder (of the other instance) wants a different interval."""
+
+
 class GpuSharing:
     """Which claims hold which GPU settings, and the card kept in line with them."""
 
@@ -117,8 +143,11 @@ class GpuSharing:
         *,
         gpu_control: control.GpuControl | None,
         log: structlog.typing.FilteringBoundLogger,
+        others: OtherHolders | None = None,
     ) -> None:
+        """``others``: the holders another instance on this node recorded (two instances)."""
         self._control = gpu_control
+        self._others = others
         self._log = log
         self._guard = threading.Lock()
         self._holders: dict[str, dict[str, Target]] = {}  # GPU uuid → claim uid → target
@@ -153,7 +182,7 @@ class GpuSharing:
                 self._holders.setdefault(target.uuid, {})[ref.uid] = target
         for target in wanted:
             try:
-                self._sync(target.uuid)
+                self._sync(target.uuid, claimant=(ref.uid, target))
             except control.ControlError as exc:
                 problems = self._drop(ref.uid, wanted)
                 outcome = (
@@ -191,9 +220,11 @@ class GpuSharing:
         *,
         held: Mapping[str, Sequence[Target]],
         interrupted: Mapping[str, Sequence[Target]],
+        restore: Collection[tuple[str, str]] = (),
     ) -> list[str]:
         """Start-up: ``held`` (prepared claims) are re-applied, ``interrupted`` (preparations a
-        crash cut short) released; returns the problems, which are also logged."""
+        crash cut short) released, and the GPUs of ``restore`` ((device, uuid) pairs) that
+        nobody holds put back to their baseline; returns the problems, which are also logged."""
         with self._guard:
             for uid, wanted in held.items():
                 for target in wanted:
@@ -207,6 +238,18 @@ class GpuSharing:
                     self._sync(target.uuid)
                 except control.ControlError as exc:
                     problems.append(f"claim uid {uid}: device {target.device}: {exc}")
+        with self._guard:
+            unheld = [(name, uuid) for name, uuid in restore if not self._holders.get(uuid)]
+        for name, uuid in unheld:
+            try:
+                self._sync(uuid)
+            except control.ControlError as exc:
+                problems.append(f"device {name} ({uuid}): {exc}")
+        if unheld:
+            self._log.warning(
+                "restored GPU sharing defaults of GPUs no readable claim record holds",
+                devices=[name for name, _ in unheld],
+            )
         for problem in problems:
             self._log.error("GPU sharing settings could not be recovered", problem=problem)
         if interrupted and not problems:
@@ -229,19 +272,37 @@ class GpuSharing:
         problems: list[str] = []
         for target in held:
             try:
-                self._sync(target.uuid)
+                self._sync(target.uuid, leaving=uid)
             except control.ControlError as exc:
                 problems.append(f"device {target.device} ({target.uuid}): {exc}")
         return problems
 
-    def _sync(self, uuid: str) -> None:
-        """Make the card match its holders' wish (the baseline when there are none)."""
+    def _sync(
+        self, uuid: str, *, leaving: str = "", claimant: tuple[str, Target] | None = None
+    ) -> None:
+        """Make the card match its holders' wish (the baseline when there are none).
+
+        Holders are this process's plus, with two instances, those on disk (less ``leaving``,
+        whose record goes only after this); ``claimant`` (uid, target) must agree with them.
+        """
         with self._guard:
             lock = self._gpu_locks.setdefault(uuid, threading.Lock())
-        with lock:
+        shared = self._others.lock(uuid) if self._others else contextlib.nullcontext()
+        with lock, shared:
             with self._guard:
-                holders = self._holders.get(uuid) or {}
-                wish = next(iter(holders.values()), None)
+                holders = dict(self._holders.get(uuid) or {})
+            if self._others is not None:
+                for uid, target in self._others.holders(uuid).items():
+                    if uid != leaving:
+                        holders.setdefault(uid, target)
+            if claimant is not None:
+                for uid, other in holders.items():
+                    if uid != claimant[0] and other.interval != claimant[1].interval:
+                        raise _Conflict(
+                            f"already time-sliced with interval {other.interval} for claim uid "
+                            f"{uid}; cannot also set {claimant[1].interval}"
+                        )
+            wish = next(iter(holders.values()), None)
             if self._control is None:
                 raise control.ControlError(f"GPU {uuid}: this plugin runs without GPU control")
             interval = INTERVALS[wish.interval] if wish is not None else control.TIMESLICE_DEFAULT

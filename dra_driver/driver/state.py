@@ -11,20 +11,33 @@ prepare:   checkpoint PrepareStarted (carries the sharing intent, the MPS daemon
            MIG instances to create) → apply GPU sharing (:mod:`~dra_driver.driver.sharing`) →
            MPS daemon running (:mod:`~dra_driver.driver.mpsclaims`) → create MIG instances
            (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint PrepareCompleted
-unprepare: restore GPU sharing defaults → destroy MIG instances → delete checkpoint record →
-           remove CDI spec → stop the MPS daemon if no claim record uses it any more
-start-up:  sharing of completed records re-applied, of PrepareStarted ones restored; MPS
-           daemons of completed records adopted or restarted, all others stopped; MIG
-           instances on dynamic GPUs that no completed record owns destroyed, a completed
-           record whose MIG instance is gone unprepared (a crash cut its unprepare short);
-           PrepareStarted → spec removed, record deleted (rolled back); a completed record
-           whose spec is missing → spec rewritten from it; a spec of ours with no record → removed.
+unprepare: restore GPU sharing defaults → destroy MIG instances → remove CDI spec → delete
+           checkpoint record → release ownership → stop the MPS daemon if no claim record uses
+           it any more (decided after the record is gone, so of claims unprepared together the
+           last one stops it)
+start-up:  (:mod:`~dra_driver.driver.recovery`) sharing of completed records re-applied, of
+           PrepareStarted ones restored (and, when a claim file was unreadable, every GPU no
+           readable record holds is put back to its defaults); MPS daemons of completed records
+           adopted or restarted, all others stopped; MIG instances on dynamic GPUs that no
+           completed record owns destroyed, a completed record whose MIG instance is gone
+           unprepared (a crash cut its unprepare short); PrepareStarted → spec removed, record
+           deleted (rolled back); a completed record whose spec is missing or differs from it →
+           spec rewritten from it; a spec of ours with no record → removed.
+
+The record goes last on unprepare, so a spec never outlives its record: when the spec cannot be
+removed (a read-only or full CDI directory) the claim stays prepared and the kubelet's retry of
+the unprepare tries again. A failed prepare is rolled back step by step, each step tried even
+when an earlier one failed; the device ownership is always released, and the error the claim
+gets is the original cause (with what the rollback could not undo after it). File system errors
+(ENOSPC, EROFS, EACCES, ...) are expected conditions: per-claim errors naming the file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -40,6 +53,7 @@ from dra_driver.driver import (
     config,
     inventory,
     mpsclaims,
+    recovery,
     results,
     sharing,
 )
@@ -49,6 +63,10 @@ from dra_driver.kube import api as kube
 
 class DeviceBusy(claims.ClaimError):
     """A device is already prepared for another claim."""
+
+
+class FileProblem(claims.ClaimError):
+    """A claim's file (CDI spec) cannot be written or removed; names the claim and the file."""
 
 
 class DeviceTainted(claims.ClaimError):
@@ -83,6 +101,11 @@ class ClaimLocks:
                 else:
                     self._locks[uid] = (lock, users - 1)
 
+    def busy(self, uid: str) -> bool:
+        """Whether a thread holds or waits for ``uid``'s lock now."""
+        with self._guard:
+            return uid in self._locks
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Use:
@@ -114,6 +137,11 @@ class Ownership:
                 uses = self._uses.setdefault((dev.pool, dev.device), [])
                 uses[:] = [u for u in uses if u.uid != ref.uid]
                 uses.append(_Use(ref.uid, dev.admin_access, dev.share_id))
+
+    def holders(self) -> set[str]:
+        """UIDs of the claims holding any device."""
+        with self._guard:
+            return {u.uid for uses in self._uses.values() for u in uses}
 
     def release(self, uid: str) -> None:
         with self._guard:
@@ -162,57 +190,9 @@ class ClaimState:
     # ---- start-up ----------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Bring disk back to a consistent state after whatever ended the last run."""
-        report = self.store.load()
-        self.specs.remove_stale_temporaries()
-        for uid in report.other_boot:
-            if checkpoint.valid_uid(uid):
-                self.specs.remove(uid)
-        if report.other_boot:
-            self.log.info(
-                "node rebooted since these claims were prepared; forgot them",
-                claims=report.other_boot,
-            )
-        self._recover_sharing(report.records)
-        if self.mps is not None:
-            self.mps.recover([r for r in report.records if r.state == checkpoint.PREPARE_COMPLETED])
-        unprepared = self.mig.recover(report.records)
-        for record in report.records:
-            clog = logs.claim_logger(
-                self.log, uid=record.uid, namespace=record.namespace, name=record.name
-            )
-            if record.state == checkpoint.PREPARE_STARTED:
-                self.specs.remove(record.uid)
-                self.store.delete(record.uid)
-                clog.warning("rolled back a preparation interrupted by a crash")
-                continue
-            if record.uid in unprepared:
-                self._forget(record.uid, strict=False)
-                clog.warning("finished an unprepare interrupted by a crash (MIG instance gone)")
-                continue
-            try:
-                if not self.specs.spec_path(record.uid).exists():
-                    self.specs.write(record.uid, record.cdiSpec)
-                    clog.warning("restored the missing CDI spec of a prepared claim")
-                self.ownership.reserve(_ref(record), self._owned(_allocated(record)))
-            except (OSError, claims.ClaimError) as exc:
-                clog.error("prepared claim is inconsistent after restart", error=str(exc))
-        known = {r.uid for r in self.store.records()}
-        for uid in self.specs.claim_uids_on_disk():
-            if uid not in known:
-                self.specs.remove(uid)
-                self.log.info("removed a CDI spec of ours without a prepared claim", claim_uid=uid)
-
-    def _recover_sharing(self, records: list[checkpoint.ClaimRecord]) -> None:
-        by_state: dict[str, dict[str, tuple[sharing.Target, ...]]] = {}
-        for record in records:
-            wanted = sharing.recorded_targets(record, self.devices)
-            if wanted:
-                by_state.setdefault(record.state, {})[record.uid] = wanted
-        self.sharing.recover(
-            held=by_state.get(checkpoint.PREPARE_COMPLETED, {}),
-            interrupted=by_state.get(checkpoint.PREPARE_STARTED, {}),
-        )
+        """Bring disk back to a consistent state after whatever ended the last run
+        (:func:`~dra_driver.driver.recovery.recover`)."""
+        recovery.recover(self)
 
     # ---- prepare / unprepare -------------------------------------------------------------------
 
@@ -227,7 +207,7 @@ class ClaimState:
                 clog.debug("claim already prepared; answering from the checkpoint")
                 return record.prepared()
             if record is not None:  # a failed earlier attempt in this process
-                self._forget(ref.uid)
+                self._forget(ref)
             try:
                 claim = self.api.get_resource_claim(ref.namespace, ref.name)
             except kube.NotFound:
@@ -257,10 +237,15 @@ class ClaimState:
                 if made:
                     spec = self.specs.build(ref, planned)
                     record = self._record(ref, allocated, planned, spec, made, needs)
-                self.specs.write(ref.uid, spec)
+                self._write_spec(ref, spec)
                 self.store.put(record)
-            except BaseException:
-                self._forget(ref.uid, strict=False)
+            except BaseException as exc:
+                problems = self._rollback(ref)
+                if problems and isinstance(exc, claims.ClaimError | checkpoint.CheckpointError):
+                    cause = str(exc) if isinstance(exc, claims.ClaimError) else f"{ref}: {exc}"
+                    raise RollbackIncomplete(
+                        f"{cause}; rolling back left: {'; '.join(problems)}"
+                    ) from exc
                 raise
             # Debug: the driver loop logs one info event per request (result, devices, time).
             clog.debug(
@@ -276,36 +261,90 @@ class ClaimState:
         clog = logs.claim_logger(self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name)
         with self.locks.hold(ref.uid):
             known = self.store.get(ref.uid) is not None
-            self._forget(ref.uid)
+            self._forget(ref)
             clog.debug("unprepared claim" if known else "unprepare of a claim not prepared here")
 
     def prepared_claims(self) -> list[claims.ClaimRef]:
         return [_ref(r) for r in self.store.records()]
 
-    def _forget(self, uid: str, *, strict: bool = True) -> None:
-        """Drop a claim: GPU sharing restored first (a failure raises when ``strict``, keeping
-        the record so a retry or the next start-up restores it), then record, spec, ownership;
-        then its MPS daemons stop if no claim left on disk uses them (decided after the record
-        is gone, so of claims unprepared together the last one stops the daemon)."""
-        record = self.store.get(uid)
+    def release_orphans(self) -> list[str]:
+        """Release device ownership held by claims with no record and no operation in
+        progress (what a rollback that could not finish leaves); returns their UIDs."""
+        released = []
+        for uid in self.ownership.holders():
+            if self.locks.busy(uid) or self.store.get(uid) is not None:
+                continue
+            with self.locks.hold(uid):
+                if self.store.get(uid) is None:
+                    self.ownership.release(uid)
+                    released.append(uid)
+        return released
+
+    def _forget(self, ref: claims.ClaimRef) -> None:
+        """Drop a prepared claim: GPU sharing restored, MIG instances destroyed, CDI spec
+        removed, then the record (a failure raises and keeps the record, so the kubelet's retry
+        or the next start-up finishes the job), then the device ownership; last its MPS daemons
+        stop if no claim left on disk uses them."""
+        record = self.store.get(ref.uid)
+        if record is not None:
+            self.sharing.release(_ref(record), sharing.recorded_targets(record, self.devices))
+            self.mig.release(record)
+        self._remove_spec(ref)
+        self.store.delete(ref.uid)
+        self.ownership.release(ref.uid)
+        if record is not None and self.mps is not None:
+            self.mps.release(record)
+
+    def _rollback(self, ref: claims.ClaimRef) -> list[str]:
+        """Undo a failed prepare as far as possible: every step is tried, ownership is always
+        released; returns what could not be undone."""
+        problems: list[str] = []
+        record = self.store.get(ref.uid)
         if record is not None:
             try:
                 self.sharing.release(_ref(record), sharing.recorded_targets(record, self.devices))
             except sharing.SharingError as exc:
-                if strict:
-                    raise
-                self.log.error("GPU sharing not restored", claim_uid=uid, error=str(exc))
+                problems.append(str(exc))
             try:
                 self.mig.release(record)
             except mig_mod.MigError as exc:
-                if strict:
-                    raise
-                self.log.error("MIG instances not destroyed", claim_uid=uid, error=str(exc))
-        self.store.delete(uid)
-        self.specs.remove(uid)
-        self.ownership.release(uid)
+                problems.append(str(exc))
+        try:
+            self._remove_spec(ref)
+        except FileProblem as exc:
+            problems.append(str(exc))
+        try:
+            self.store.delete(ref.uid)
+        except checkpoint.CheckpointError as exc:
+            if os.path.lexists(self.store.path(ref.uid)):
+                problems.append(str(exc))
+        self.ownership.release(ref.uid)
         if record is not None and self.mps is not None:
-            self.mps.release(record)
+            self.mps.release(record)  # never raises; a daemon it cannot stop is retried
+        if problems:
+            self.log.error(
+                "rolling back a failed preparation left work for a retry or the next start-up",
+                claim_uid=ref.uid,
+                claim_namespace=ref.namespace,
+                claim_name=ref.name,
+                problems=problems,
+            )
+        return problems
+
+    def _write_spec(self, ref: claims.ClaimRef, spec: dict[str, object]) -> None:
+        try:
+            self.specs.write(ref.uid, spec)
+        except OSError as exc:
+            raise _file_problem(ref, "write", self.specs.spec_path(ref.uid), exc) from None
+
+    def _remove_spec(self, ref: claims.ClaimRef) -> None:
+        try:
+            self.specs.remove(ref.uid)
+        except OSError as exc:
+            path = self.specs.spec_path(ref.uid)
+            if not os.path.lexists(path):  # nothing to remove (e.g. EROFS for a missing name)
+                return
+            raise _file_problem(ref, "remove", path, exc) from None
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -390,26 +429,32 @@ class ClaimState:
         )
 
 
+class RollbackIncomplete(claims.ClaimError):
+    """A prepare failed and its rollback could not undo everything; the message gives the
+    original cause first, then what is left."""
+
+
+def _file_problem(ref: claims.ClaimRef, action: str, path: object, exc: OSError) -> FileProblem:
+    code = errno.errorcode.get(exc.errno or 0, "")
+    reason = exc.strerror or str(exc)
+    return FileProblem(
+        f"{ref}: cannot {action} CDI spec {path}: {reason}" + (f" ({code})" if code else "")
+    )
+
+
 def _check_ref(ref: claims.ClaimRef) -> None:
     if not checkpoint.valid_uid(ref.uid):
-        raise claims.ClaimError(f"{ref}: invalid claim uid {ref.uid!r}")
+        raise claims.ClaimError(
+            f"ResourceClaim {_short(ref.namespace)}/{_short(ref.name)}: invalid claim uid "
+            f"{_short(ref.uid)!r}"
+        )
     if not ref.namespace or not ref.name:
         raise claims.ClaimError(f"{ref}: namespace and name are required")
 
 
-def _ref(record: checkpoint.ClaimRecord) -> claims.ClaimRef:
-    return claims.ClaimRef(uid=record.uid, namespace=record.namespace, name=record.name)
+def _short(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters for an error message (fuzzed input can be huge)."""
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
 
 
-def _allocated(record: checkpoint.ClaimRecord) -> list[claims.AllocatedDevice]:
-    return [
-        claims.AllocatedDevice(
-            request=d.requestNames[0] if d.requestNames else "",
-            pool=d.poolName,
-            device=d.deviceName,
-            admin_access=d.adminAccess,
-            share_id=d.shareId,
-            configs=(),
-        )
-        for d in record.devices
-    ]
+_ref = recovery.ref_of

@@ -74,9 +74,9 @@ class EventLog:
             yield api.WatchEvent("ADDED", obj)
         while True:
             with self._cond:
-                if position < self._compacted:
-                    yield api.WatchEvent("ERROR", expired(position, self._compacted))
-                    return
+                compacted = self._compacted
+                if position < compacted:  # yielded below: never while holding the lock
+                    break
                 batch = [
                     (rv, kind, copy.deepcopy(obj))
                     for rv, kind, obj in self._events
@@ -92,6 +92,7 @@ class EventLog:
                 position = rv
                 if selected(obj):
                     yield api.WatchEvent(cast(EventType, kind), obj)
+        yield api.WatchEvent("ERROR", expired(position, compacted))
 
 
 def expired(position: int, compacted: int) -> dict[str, Any]:

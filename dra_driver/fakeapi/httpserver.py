@@ -13,6 +13,7 @@ import contextlib
 import http.server
 import socket
 import ssl
+import sys
 import threading
 from typing import Any
 
@@ -78,6 +79,12 @@ class Server(http.server.ThreadingHTTPServer):
         with self.connections_lock:
             self.open_connections.discard(request)
         super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (reset, broken pipe) is no server error; others are printed."""
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
 
     def drop_connections(self) -> None:
         """Close kept-alive connections too, as a stopped server's clients would see."""

@@ -233,6 +233,11 @@ class ClusterState:
             )
             self._faults.append(_Fault(method, status, times, text))
 
+    def clear_faults(self) -> None:
+        """Forget every failure :meth:`fail_next` injected that has not happened yet."""
+        with self._lock:
+            self._faults = []
+
     def reset_calls(self) -> None:
         with self._lock:
             self.calls.clear()

@@ -13,6 +13,11 @@ CPU per request; the library's own HTTP stack is kept for watches, for proxy set
 the rare Node label patch (a media type of its own). Every failure becomes the port's
 :class:`~dra_driver.kube.api.ApiError` family, with status 0 when the server could not be
 reached at all.
+
+A watch asks the server to end it after ``timeout_s``; a watch connection that has stayed
+silent for ``watch_silence_s`` past that is dead (a proxy or NAT that dropped it without a
+reset) and is ended with an error, so the caller re-opens it instead of waiting for TCP to
+notice.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import urllib3
 from dra_driver.kube import api, transport
 
 _GROUP = "/apis/resource.k8s.io/v1"
+WATCH_SILENCE_S = 5.0
 _AUTH = ["BearerToken"]
 
 
@@ -49,6 +55,7 @@ class KubeClient:
         connections: int = 0,
         max_connections: int = 32,
         keepalive_s: float = 0.0,
+        watch_silence_s: float = WATCH_SILENCE_S,
     ) -> None:
         """``lean=False`` sends every request through the library (as with a proxy).
 
@@ -56,9 +63,11 @@ class KubeClient:
         (one per thread that may GET a claim at the same time, e.g. the gRPC workers), and with
         ``keepalive_s`` keep them open (see :class:`~dra_driver.kube.transport.Transport`);
         ``max_connections``: how many idle ones to keep at most (never fewer than
-        ``connections``)."""
+        ``connections``); ``watch_silence_s``: how long past its end a watch may stay silent
+        before its connection counts as dead."""
         self._client = api_client
         self._timeout = (min(5.0, timeout_s), timeout_s)
+        self._watch_silence_s = watch_silence_s
         configuration = api_client.configuration
         self._transport = (
             transport.from_configuration(
@@ -84,6 +93,7 @@ class KubeClient:
         connections: int = 0,
         max_connections: int = 32,
         keepalive_s: float = 0.0,
+        watch_silence_s: float = WATCH_SILENCE_S,
     ) -> KubeClient:
         """From ``kubeconfig`` (or ``$KUBECONFIG``), else the in-cluster service account; the
         connection settings are :meth:`__init__`'s."""
@@ -119,6 +129,7 @@ class KubeClient:
             connections=connections,
             max_connections=max_connections,
             keepalive_s=keepalive_s,
+            watch_silence_s=watch_silence_s,
         )
 
     def close(self) -> None:
@@ -184,13 +195,14 @@ class KubeClient:
         ]
         if resource_version:
             query.append(("resourceVersion", resource_version))
+        silence = timeout_s + self._watch_silence_s  # the longest read a live watch may take
         response = self._request(
             "GET",
             f"{_GROUP}/resourceslices",
             query=query,
-            timeout=(self._timeout[0], timeout_s + 10.0),
+            timeout=(self._timeout[0], silence),
         )
-        return self._events(response)
+        return self._events(response, silence)
 
     # ------------------------------------------------------------------ HTTP
     def _json(
@@ -279,7 +291,7 @@ class KubeClient:
             raise _error(method, path, response.status, data)
         return response
 
-    def _events(self, response: Any) -> Iterator[api.WatchEvent]:
+    def _events(self, response: Any, silence: float) -> Iterator[api.WatchEvent]:
         buffer = b""
         try:
             for chunk in response.stream(65536):
@@ -290,6 +302,10 @@ class KubeClient:
                         yield _event(line)
             if buffer.strip():
                 yield _event(buffer)
+        except urllib3.exceptions.ReadTimeoutError as exc:
+            raise api.ApiError(
+                0, f"watch of resourceslices silent for {silence:g}s: connection presumed dead"
+            ) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise api.ApiError(0, f"watch of resourceslices broke off: {exc}") from exc
         finally:

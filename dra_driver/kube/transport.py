@@ -10,7 +10,8 @@ What it does, and no more: HTTP/1.1 requests with a ``Content-Length`` body; res
 by ``Content-Length``, ``chunked`` transfer coding or connection close (read by
 :mod:`dra_driver.kube.http1`); a pool of connections that can be opened up front and kept open
 past the server's idle cut-off, with TLS sessions resumed on reconnect (:class:`Transport`; an
-idle connection the server has closed is noticed before reuse); TLS with the client library's
+idle connection the server has closed is noticed before reuse, and once one connection times out
+— a path gone silent — the idle ones are dropped with it); TLS with the client library's
 settings (CA file or data, client certificate, no-verify, TLS server name); the
 ``Authorization`` header taken from the library's configuration on every request (so refreshed
 tokens are used). A request is never re-sent once written: whether to retry
@@ -207,6 +208,8 @@ class Transport:
             response, reusable = read_response(conn.rfile, method)
         except (OSError, ValueError, TransportError) as exc:
             self._discard(conn)
+            if _timed_out(exc):  # a silent path: the idle ones went through it too
+                self._drop_idle()
             raise TransportError(f"{method} {path}: {_describe(exc)}") from exc
         if reusable:
             self._give_back(conn)
@@ -286,6 +289,16 @@ class Transport:
             self._open -= 1
         conn.close()
 
+    def _drop_idle(self) -> None:
+        """Close every idle connection: after a connection went silent (no reset, no answer:
+        a dropped NAT entry, a dead proxy or peer), the others opened the same way are likely
+        dead too, and each would cost a request its full read timeout before being noticed."""
+        with self._lock:
+            idle, self._idle = list(self._idle), collections.deque()
+            self._open -= len(idle)
+        for conn in idle:
+            conn.close()
+
     def _discard(self, conn: _Connection) -> None:
         with self._lock:
             self._open -= 1
@@ -345,11 +358,19 @@ class Transport:
         try:
             conn.sock.sendall((head + "\r\n").encode("latin-1"))
             _, reusable = read_response(conn.rfile, "GET")
-        except (OSError, ValueError, TransportError):
+        except (OSError, ValueError, TransportError) as exc:
             reusable = False
+            if _timed_out(exc):
+                self._drop_idle()
         if not reusable:
             self._discard(conn)
         return reusable
+
+
+def _timed_out(exc: BaseException) -> bool:
+    return isinstance(exc, TimeoutError | socket.timeout) or isinstance(
+        exc.__cause__, TimeoutError | socket.timeout
+    )
 
 
 def _describe(exc: BaseException | None) -> str:

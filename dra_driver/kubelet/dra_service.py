@@ -33,8 +33,13 @@ class Plugin(Protocol):
 
 
 def claim_refs(request: Any) -> list[claims.ClaimRef]:
-    """The claims of a prepare/unprepare request, as plain data."""
-    return [claims.ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name) for c in request.claims]
+    """The claims of a prepare/unprepare request, as plain data; a claim listed more than once
+    is kept once (its first entry), since the answer has one entry per claim UID."""
+    refs: dict[str, claims.ClaimRef] = {}
+    for c in request.claims:
+        if c.uid not in refs:
+            refs[c.uid] = claims.ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name)
+    return list(refs.values())
 
 
 class DraService:

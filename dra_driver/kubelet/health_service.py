@@ -9,7 +9,8 @@ ResourceSlices) each time: at once when it opens, whenever a device's health cha
 
 Health comes from a :class:`~dra_driver.devices.health.HealthSource` (the board the device plugin
 reads too); this module only turns it into protobuf. Both API versions have identical messages
-and are served by one servicer class each.
+and are served by one servicer class each. Streams run in their own slots
+(:mod:`~dra_driver.grpcstreams`), never on the workers that serve NodePrepareResources.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import grpc
 import structlog
 
+from dra_driver import grpcstreams
 from dra_driver.devices import health
 from dra_driver.pb.dra_health.v1 import health_pb2 as v1_pb2
 from dra_driver.pb.dra_health.v1 import health_pb2_grpc as v1_grpc
@@ -48,8 +50,10 @@ class HealthStreams:
         log: structlog.typing.FilteringBoundLogger,
         resend_s: float = RESEND_S,
         poll_s: float = 1.0,
+        slots: grpcstreams.StreamSlots | None = None,
     ) -> None:
         self.pool_name = pool_name
+        self.slots = slots or grpcstreams.StreamSlots(what="DRA health stream")
         self.devices = {name: tuple(keys) for name, keys in sorted(devices.items())}
         self.source = source
         self.log = log
@@ -77,6 +81,10 @@ class HealthStreams:
         return out
 
     def stream(self, pb: ModuleType, context: grpc.ServicerContext) -> Iterator[Any]:
+        with self.slots.slot(context):
+            yield from self._stream(pb, context)
+
+    def _stream(self, pb: ModuleType, context: grpc.ServicerContext) -> Iterator[Any]:
         snap = self.source.snapshot()
         sent_at = time.monotonic()
         self.log.info("health stream opened", devices=len(self.devices))

@@ -47,11 +47,15 @@ class UnixServer:
         services: Sequence[Callable[[grpc.Server], None]],
         log: structlog.typing.FilteringBoundLogger,
         max_workers: int = 16,
+        stream_slots: int = 0,
     ) -> None:
+        """``max_workers`` serve unary calls; ``stream_slots`` more threads serve the streams
+        a :class:`~dra_driver.grpcstreams.StreamSlots` of that size lets in."""
         self.path = path.absolute()
         self.services = services
         self.log = log.bind(socket=str(self.path))
         self.max_workers = max_workers
+        self.stream_slots = stream_slots
         self._server: grpc.Server | None = None
 
     def start(self) -> None:
@@ -62,7 +66,8 @@ class UnixServer:
             self.log.info("removed a stale socket left by an earlier run")
         server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(
-                max_workers=self.max_workers, thread_name_prefix=f"grpc-{self.path.stem}"
+                max_workers=self.max_workers + self.stream_slots,
+                thread_name_prefix=f"grpc-{self.path.stem}",
             )
         )
         for add in self.services:

@@ -10,6 +10,8 @@ generation, quantities by value, metadata only where we set it.
 from __future__ import annotations
 
 import copy
+import json
+from collections.abc import Mapping
 from typing import Any
 
 from dra_driver.apimachinery import quantity
@@ -45,6 +47,11 @@ def content(obj: api.Obj) -> Any:
     pool = spec.get("pool") or {}
     pool.pop("generation", None)
     return _canonical(spec)
+
+
+def content_key(slices: Mapping[str, api.Obj]) -> str:
+    """One string for the content of a set of slices by name (equal content, equal key)."""
+    return json.dumps([[n, content(obj)] for n, obj in sorted(slices.items())], sort_keys=True)
 
 
 def _canonical(value: Any, key: str = "") -> Any:

@@ -4,78 +4,35 @@ Why it exists: publishing is declarative — the node agent hands over the compl
 (from :mod:`dra_driver.slices.build`) whenever the hardware may have changed, and this
 controller makes the server match: create what is missing, update what differs, delete what is
 stale (only this driver's slices on this node), recreate what someone deleted (a watch, plus a
-periodic resync), and write **nothing** when nothing changed. The pool generation is bumped on
-any change so the scheduler never mixes old and new slices. Failures are retried with capped
-exponential backoff and jitter (clock, sleep and randomness injectable for tests); a 409 re-reads
-and retries at once; each failure is logged once per backoff step, naming the slice.
+periodic resync), and write **nothing** when nothing changed. The pool generation is bumped once
+per change of content (a write that failed and is retried keeps the generation it chose) so the
+scheduler never mixes old and new slices. Failures are retried with capped exponential backoff
+and jitter (clock, sleep and randomness injectable for tests); a 409 re-reads and retries at
+once; each failure is logged once per backoff step, naming the slice.
+
+The watch re-lists when the server says its resourceVersion is too old (HTTP 410, as the
+status of the request or in an ERROR event), and is re-opened at once where it was when its
+connection died (the API client ends a watch that stays silent past the time the server
+promised to end it). ``on_pass`` / ``on_watch`` report each reconcile / watch (readiness).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from dra_driver import logs
 from dra_driver.devices import migprofiles, model
 from dra_driver.kube import api
 from dra_driver.slices import build, compare, shares, validate
+from dra_driver.slices.pubtypes import Backoff, Log, Outcome, PublishError
+
+__all__ = ["Backoff", "Log", "Outcome", "PublishError", "Publisher", "start_node_publisher"]
 
 CONFLICT_RETRIES = 3
-
-
-class Log(Protocol):
-    def info(self, event: str, **kw: Any) -> Any: ...
-    def warning(self, event: str, **kw: Any) -> Any: ...
-    def error(self, event: str, **kw: Any) -> Any: ...
-
-
-@dataclasses.dataclass(slots=True)
-class Backoff:
-    """Capped exponential backoff with "equal jitter": half fixed, half random."""
-
-    initial_s: float = 0.5
-    max_s: float = 60.0
-    factor: float = 2.0
-    rng: random.Random = dataclasses.field(default_factory=random.Random)
-    step: int = 0
-
-    def next_delay(self) -> float:
-        base = min(self.max_s, self.initial_s * self.factor**self.step)
-        self.step += 1
-        return base / 2 + self.rng.uniform(0, base / 2)
-
-    def reset(self) -> None:
-        self.step = 0
-
-
-class PublishError(Exception):
-    """One API call of a reconcile failed; names the slice and the operation."""
-
-    def __init__(self, op: str, slice_name: str, cause: api.ApiError) -> None:
-        super().__init__(f"{op} ResourceSlice {slice_name!r} failed: {cause}")
-        self.op, self.slice_name, self.cause = op, slice_name, cause
-
-
-@dataclasses.dataclass(slots=True)
-class Outcome:
-    """What one reconcile pass did."""
-
-    created: list[str] = dataclasses.field(default_factory=list)
-    updated: list[str] = dataclasses.field(default_factory=list)
-    deleted: list[str] = dataclasses.field(default_factory=list)
-    rejected: list[str] = dataclasses.field(default_factory=list)  # failed local validation
-    slices: int = 0  # slices of ours on the server after the pass
-    generation: int = 0
-    resource_version: str = ""
-
-    @property
-    def writes(self) -> int:
-        return len(self.created) + len(self.updated) + len(self.deleted)
 
 
 class Publisher:
@@ -89,15 +46,18 @@ class Publisher:
         node_name: str,
         backoff: Backoff | None = None,
         resync_s: float = 600.0,
-        watch_timeout_s: float = 60.0,
+        watch_timeout_s: float = 30.0,
         sleep: Callable[[float], None] | None = None,
         log: Log | None = None,
         on_pass: Callable[[Outcome | None], None] | None = None,
+        on_watch: Callable[[bool], None] | None = None,
     ) -> None:
         """``on_pass`` hears about every pass of :meth:`run`: its Outcome, or None when it
-        failed (metrics, readiness); an exception it raises is logged, never fatal."""
+        failed (metrics, readiness); ``on_watch`` whether each attempt to open the watch
+        succeeded. An exception either raises is logged, never fatal."""
         self._api = kube
         self._on_pass = on_pass
+        self._on_watch = on_watch
         self.driver_name, self.node_name = driver_name, node_name
         self._backoff = backoff or Backoff()
         self._resync_s, self._watch_timeout_s = resync_s, watch_timeout_s
@@ -111,6 +71,8 @@ class Publisher:
         self._watch_from: str | None = None
         self._node_uid: str | None = None
         self._last_generation = 0  # generations only go up, even after our slices vanished
+        # (content, generation) of a pass whose writes failed: its retry keeps the generation
+        self._pending: tuple[str, int] | None = None
         self.synced = threading.Event()
         self.passes = 0
         self._threads: list[threading.Thread] = []
@@ -164,10 +126,13 @@ class Publisher:
             self._wake.wait(self._resync_s)
 
     def _notify(self, outcome: Outcome | None) -> None:
-        if self._on_pass is None:
+        self._tell(self._on_pass, outcome)
+
+    def _tell(self, observer: Callable[[Any], None] | None, news: object) -> None:
+        if observer is None:
             return
         try:
-            self._on_pass(outcome)
+            observer(news)
         except Exception as exc:  # an observer never stops publishing
             self.log.error("ResourceSlice publish observer failed", error=repr(exc))
 
@@ -239,8 +204,9 @@ class Publisher:
         )
         if content_same:
             generation = generations.pop()
+            self._pending = None
         else:
-            generation = max(generations | {self._last_generation}) + 1
+            generation = self._generation_for(wanted, generations)
         outcome.generation = self._last_generation = generation
         for name, obj in sorted(wanted.items()):
             obj["spec"]["pool"]["generation"] = generation
@@ -267,8 +233,21 @@ class Publisher:
             self._known.pop(name, None)
             outcome.deleted.append(name)
         self._watch_from = self._watch_from or list_rv
+        self._pending = None  # written: the next change of content gets the next generation
         outcome.slices = len(wanted)
         return outcome
+
+    def _generation_for(self, wanted: dict[str, api.Obj], on_server: set[int]) -> int:
+        """The generation for changed content: the one the last pass chose if its writes
+        failed and the content is the same (unless the server is past it), else one above
+        everything seen."""
+        key = compare.content_key(wanted)
+        pending = self._pending
+        if pending is not None and pending[0] == key and pending[1] >= max(on_server, default=0):
+            return pending[1]
+        generation = max(on_server | {self._last_generation}) + 1
+        self._pending = (key, generation)
+        return generation
 
     def _write(self, op: str, obj: api.Obj, done: list[str]) -> None:
         name = obj["metadata"]["name"]
@@ -318,17 +297,26 @@ class Publisher:
                 self._stop.wait(0.05)
                 continue
             began = time.monotonic()
+            opened = False
             try:
-                for event in self._api.watch_resource_slices(
+                events = self._api.watch_resource_slices(
                     driver=self.driver_name,
                     node_name=self.node_name,
                     resource_version=start,
                     timeout_s=self._watch_timeout_s,
-                ):
-                    if self._stop.is_set():
-                        return
-                    if not self._handle(event):
-                        break
+                )
+                opened = True
+                self._tell(self._on_watch, True)
+                try:
+                    for event in events:
+                        if self._stop.is_set():
+                            return
+                        if not self._handle(event):
+                            break
+                finally:  # a generator left open could hold what the API holds for it
+                    close = getattr(events, "close", None)
+                    if close is not None:
+                        close()
                 if time.monotonic() - began < min(1.0, self._watch_timeout_s / 2):
                     self._stop.wait(failures.next_delay())  # a server ending watches at once
                 else:
@@ -336,15 +324,38 @@ class Publisher:
             except api.ApiError as exc:
                 if self._stop.is_set():
                     return
-                self.log.warning("watch of ResourceSlices failed", error=str(exc))
+                expired = exc.status == 410 or exc.reason in ("Expired", "Gone")
+                if expired:  # our resourceVersion is gone: only a fresh list can go on
+                    self._relist()
+                else:  # refused, or broke off: not watching (readiness counts from now)
+                    self._tell(self._on_watch, False)
+                if opened and time.monotonic() - began >= min(1.0, self._watch_timeout_s / 2):
+                    failures.reset()  # a watch that ran a while and broke: re-open it at once
+                self.log.warning(
+                    "watch of ResourceSlices failed",
+                    error=str(exc),
+                    status=exc.status,
+                    relist=expired,
+                )
                 self._stop.wait(failures.next_delay())
+
+    def _relist(self) -> None:
+        """Forget the watch position; the next reconcile lists afresh and the watch resumes
+        from that list's resourceVersion."""
+        self._watch_from = None
+        self.synced.clear()
+        self._wake.set()
 
     def _handle(self, event: api.WatchEvent) -> bool:
         """Process one event; False = restart the watch from a fresh list."""
         meta = event.object.get("metadata") or {}
-        if event.type == "ERROR":
-            self._watch_from = None
-            self._wake.set()
+        if event.type == "ERROR":  # 410 Expired/Gone, or anything else: start from a list
+            self.log.info(
+                "watch of ResourceSlices ended with an error; re-listing",
+                code=event.object.get("code"),
+                reason=event.object.get("reason"),
+            )
+            self._relist()
             return False
         rv = str(meta.get("resourceVersion") or "")
         if rv:
@@ -372,11 +383,15 @@ def start_node_publisher(
     node_name: str,
     log: Log | None = None,
     on_pass: Callable[[Outcome | None], None] | None = None,
+    on_watch: Callable[[bool], None] | None = None,
+    start: bool = True,
+    watch_timeout_s: float = 30.0,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     decorate: Callable[[list[api.Obj]], None] | None = None,
     shareable: shares.Shareable = shares.NONE,
 ) -> Publisher:
-    """Build the node's slices from ``devices`` and keep them published (the node agent's hook).
+    """Build the node's slices from ``devices`` and keep them published (the node agent's hook;
+    ``start=False``: the caller starts it, e.g. once it holds the node's publisher lock).
 
     ``decorate``: a pass over the devices before they become slices (device taints).
     Raises :class:`~dra_driver.slices.build.BuildError` when the names cannot make a slice.
@@ -390,10 +405,17 @@ def start_node_publisher(
         shareable=shareable,
     )
     publisher = Publisher(
-        kube=api, driver_name=driver_name, node_name=node_name, log=log, on_pass=on_pass
+        kube=api,
+        driver_name=driver_name,
+        node_name=node_name,
+        log=log,
+        on_pass=on_pass,
+        on_watch=on_watch,
+        watch_timeout_s=watch_timeout_s,
     )
     for problem in result.problems:
         publisher.log.warning("device left out of the ResourceSlices", problem=problem)
     publisher.set_desired(result.slices)
-    publisher.start()
+    if start:
+        publisher.start()
     return publisher

@@ -245,6 +245,17 @@ def test_probes_use_the_metrics_port(rc: ModuleType) -> None:
     assert ds["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9400"
 
 
+def test_metrics_server_binds_the_pod_ip_unless_told_otherwise(rc: ModuleType) -> None:
+    values = {"devicePlugin": {"enabled": True}}
+    daemonsets = objects(rc, values, "DaemonSet")
+    assert len(daemonsets) == 2  # the kubelet plugin and the device plugin
+    for ds in daemonsets:
+        assert env_of(ds)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert "METRICS_ADDRESS" not in env_of(ds)
+    for ds in objects(rc, {**values, "metrics": {"address": "0.0.0.0"}}, "DaemonSet"):
+        assert env_of(ds)["METRICS_ADDRESS"] == "0.0.0.0"
+
+
 # ---- RBAC and the admission policy ------------------------------------------------------------
 
 

@@ -153,6 +153,15 @@ seccompProfile:
   value: {{ .Values.logging.format | quote }}
 - name: METRICS_PORT
   value: {{ .Values.metrics.port | quote }}
+# The metrics/health server listens on the pod IP (the probes' target), not on every interface.
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- with .Values.metrics.address }}
+- name: METRICS_ADDRESS
+  value: {{ . | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "dra-driver.probes" -}}

@@ -1,0 +1,116 @@
+"""Start-up recovery of the claim state: whatever ended the last run, disk made consistent.
+
+Why its own module: :mod:`~dra_driver.driver.state` prepares and unprepares claims while the
+plugin runs; this is the other half of its crash-safety argument (the order of effects is in
+that module's docstring), run once before the plugin serves: records of an earlier boot are
+forgotten, unreadable files moved aside (:mod:`~dra_driver.driver.checkpoint`), GPU sharing
+re-applied or restored, MPS daemons adopted or stopped, dynamic MIG instances reconciled with the
+records (unprepares a crash cut short are finished), interrupted preparations rolled back,
+missing or differing CDI specs of prepared claims rewritten from their records, and specs of ours
+without a record removed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dra_driver import logs
+from dra_driver.driver import checkpoint, claims, sharing
+
+if TYPE_CHECKING:
+    from dra_driver.driver.state import ClaimState
+
+
+def recover(state: ClaimState) -> None:
+    """Bring disk back to a consistent state after whatever ended the last run."""
+    report = state.store.load()
+    state.specs.remove_stale_temporaries()
+    for uid in report.other_boot:
+        if checkpoint.valid_uid(uid):
+            state.specs.remove(uid)
+    if report.other_boot:
+        state.log.info(
+            "node rebooted since these claims were prepared; forgot them",
+            claims=report.other_boot,
+        )
+    # GPUs of claims we cannot read (or that an earlier boot left) go back to their defaults.
+    _recover_sharing(state, report.records, unknown=bool(report.unreadable or report.other_boot))
+    if state.mps is not None:  # daemons of prepared claims adopted or restarted, others stopped
+        state.mps.recover([r for r in report.records if r.state == checkpoint.PREPARE_COMPLETED])
+    unprepared = state.mig.recover(report.records)  # records whose MIG instance is gone
+    for record in report.records:
+        clog = logs.claim_logger(
+            state.log, uid=record.uid, namespace=record.namespace, name=record.name
+        )
+        if record.state == checkpoint.PREPARE_STARTED:
+            state.specs.remove(record.uid)
+            state.store.delete(record.uid)
+            clog.warning("rolled back a preparation interrupted by a crash")
+            continue
+        if record.uid in unprepared:
+            state._rollback(ref_of(record))  # every step tried; what is left is logged
+            clog.warning("finished an unprepare interrupted by a crash (MIG instance gone)")
+            continue
+        try:
+            path = state.specs.spec_path(record.uid)
+            if not os.path.lexists(path):
+                state.specs.write(record.uid, record.cdiSpec)
+                clog.warning("restored the missing CDI spec of a prepared claim")
+            elif not _same_spec(path, record.cdiSpec):
+                state.specs.write(record.uid, record.cdiSpec)
+                clog.warning("rewrote a CDI spec that differed from its prepared claim's")
+            state.ownership.reserve(ref_of(record), state._owned(allocated_of(record)))
+        except (OSError, claims.ClaimError) as exc:
+            clog.error("prepared claim is inconsistent after restart", error=str(exc))
+    known = {r.uid for r in state.store.records()}
+    for uid in state.specs.claim_uids_on_disk():
+        if uid not in known:
+            state.specs.remove(uid)
+            state.log.info("removed a CDI spec of ours without a prepared claim", claim_uid=uid)
+
+
+def _recover_sharing(
+    state: ClaimState, records: list[checkpoint.ClaimRecord], *, unknown: bool
+) -> None:
+    """Re-apply what prepared claims hold, release what interrupted ones took; when some
+    claims are ``unknown`` (an unreadable file, records of an earlier boot), also restore every
+    full GPU no readable record holds, so none stays time-sliced for the next exclusive claim."""
+    by_state: dict[str, dict[str, tuple[sharing.Target, ...]]] = {}
+    for record in records:
+        wanted = sharing.recorded_targets(record, state.devices)
+        if wanted:
+            by_state.setdefault(record.state, {})[record.uid] = wanted
+    state.sharing.recover(
+        held=by_state.get(checkpoint.PREPARE_COMPLETED, {}),
+        interrupted=by_state.get(checkpoint.PREPARE_STARTED, {}),
+        restore=sharing.full_gpus(state.devices) if unknown else (),
+    )
+
+
+def ref_of(record: checkpoint.ClaimRecord) -> claims.ClaimRef:
+    return claims.ClaimRef(uid=record.uid, namespace=record.namespace, name=record.name)
+
+
+def allocated_of(record: checkpoint.ClaimRecord) -> list[claims.AllocatedDevice]:
+    """The devices a record holds, as ownership sees them."""
+    return [
+        claims.AllocatedDevice(
+            request=d.requestNames[0] if d.requestNames else "",
+            pool=d.poolName,
+            device=d.deviceName,
+            admin_access=d.adminAccess,
+            share_id=d.shareId,
+            configs=(),
+        )
+        for d in record.devices
+    ]
+
+
+def _same_spec(path: Path, spec: dict[str, object]) -> bool:
+    """Whether the spec file at ``path`` holds ``spec`` (anything unreadable does not)."""
+    try:
+        return bool(checkpoint.decode_json(checkpoint.read_file(path), what=path.name) == spec)
+    except (OSError, ValueError):
+        return False

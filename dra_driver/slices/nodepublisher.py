@@ -1,0 +1,104 @@
+"""This node's ResourceSlice publishing, as the node agent runs it.
+
+Why it exists: the agent does not just run a :class:`~dra_driver.slices.publisher.Publisher`.
+It runs it only while it holds the node's publisher lock (:mod:`~dra_driver.slices.leader`: one
+publisher among the node's agent instances), keeps the desired set following GPU health
+(:mod:`~dra_driver.slices.republish`: device taints), and turns what the publisher reports into
+readiness: :meth:`NodePublisher.published` is true while our slices are published — by us, with
+reconciles succeeding and the watch open, failures tolerated for ``grace_s``
+(:class:`~dra_driver.health_server.Grace`) — or by the other instance while we stand by.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import structlog
+
+from dra_driver import health_server
+from dra_driver import metrics as metrics_mod
+from dra_driver.devices import health, migprofiles, model
+from dra_driver.kube import api as kube
+from dra_driver.slices import leader, publisher, republish, shares, taints
+
+
+class NodePublisher:
+    """This node's publisher, run only while this instance holds the node's publisher lock,
+    and what readiness reads from it."""
+
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        node_name: str,
+        devices: model.NodeDevices,
+        api: kube.KubeApi,
+        lock_file: Path,
+        grace_s: float,
+        watch_timeout_s: float,
+        log: structlog.typing.FilteringBoundLogger,
+        metrics: metrics_mod.DriverMetrics | None = None,
+        board: health.HealthBoard | None = None,
+        dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
+        shareable: shares.Shareable = shares.NONE,
+    ) -> None:
+        """Raises :class:`~dra_driver.slices.build.BuildError` when no slice can be built.
+        ``grace_s``: how long publishing may fail before :meth:`published` says no;
+        ``board``: GPU health, published as device taints (re-published on every change)."""
+        self.metrics = metrics
+        self.reconciles = health_server.Grace(grace_s)
+        self.watches = health_server.Grace(grace_s, ready=True)
+        snap = board.snapshot() if board is not None else None
+        self.publisher = publisher.start_node_publisher(
+            start=False,
+            api=api,
+            devices=devices,
+            driver_name=driver_name,
+            node_name=node_name,
+            log=log,
+            on_pass=self._passed,
+            on_watch=lambda ok: self.watches.ok() if ok else self.watches.failed(),
+            watch_timeout_s=watch_timeout_s,
+            decorate=taints.decorator(snap, driver_name) if snap else None,
+            dynamic_mig=dynamic_mig,
+            shareable=shareable,
+        )
+        self.follower: republish.HealthRepublisher | None = None
+        if board is not None and snap is not None:  # the desired set follows health always
+            self.follower = republish.follow(
+                self.publisher,
+                board=board,
+                built_at_version=snap.version,
+                devices=devices,
+                node_name=node_name,
+                driver_name=driver_name,
+                log=log,
+                dynamic_mig=dynamic_mig,
+                shareable=shareable,
+            )
+        self.lock = leader.PublisherLock(lock_file, log=log)
+
+    def start(self) -> None:
+        self.lock.start(on_acquired=self.publisher.start)
+
+    def stop(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()  # stops the publisher too
+        else:
+            self.publisher.stop()
+        self.lock.release()
+
+    def published(self) -> bool:
+        """Readiness: published by us (failures within the grace period), or by the other
+        instance while we stand by."""
+        return self.lock.standby or (self.reconciles() and self.watches())
+
+    def _passed(self, outcome: publisher.Outcome | None) -> None:
+        if self.metrics is not None:
+            self.metrics.slice_publish(
+                ok=outcome is not None, slices=outcome.slices if outcome else None
+            )
+        if outcome is None:
+            self.reconciles.failed()
+        else:
+            self.reconciles.ok()
