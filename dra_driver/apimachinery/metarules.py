@@ -19,7 +19,6 @@ from dra_driver.apimachinery.fielderrors import FieldError
 
 DRIVER_NAME_MAX = 63
 TOTAL_ANNOTATION_SIZE = 256 * 1024
-NODE_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 
 def each(path: str, value: Any, problems: list[str]) -> list[FieldError]:
@@ -60,9 +59,7 @@ def node_name(path: str, value: str, *, device: str | None = None) -> list[Field
     return [fielderrors.invalid(path, value, p, device=device) for p in names.dns_subdomain(value)]
 
 
-def object_meta(
-    meta: Mapping[str, Any], *, namespaced: bool, name_rule: str = "subdomain"
-) -> list[FieldError]:
+def object_meta(meta: Mapping[str, Any], *, namespaced: bool) -> list[FieldError]:
     """``ValidateObjectMeta(WithOpts)``: name or generateName (a DNS subdomain; for
     generateName the prefix is checked as if a suffix were appended), namespace required or
     forbidden, labels, annotations, owner references."""

@@ -28,7 +28,6 @@ SUMMARIES = {
     "kubelet-plugin": "run the node agent: kubelet DRA plugin and slice publisher",
     "device-plugin": "serve nvidia.com/gpu through the kubelet device plugin API",
 }
-COMMANDS = tuple(name.replace("-", "_") for name in SUMMARIES)  # module names
 
 Handler = Callable[[argparse.Namespace], int]
 

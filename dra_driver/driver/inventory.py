@@ -27,7 +27,6 @@ class PreparableDevice:
     name: str
     kind: str  # "gpu" or "mig"
     uuid: str
-    parent_minor: int
     device_nodes: tuple[str, ...]  # container paths, e.g. /dev/nvidia0, /dev/nvidia-caps/...
     problem: str = ""  # non-empty: the device is known but cannot be prepared (why)
 
@@ -52,7 +51,6 @@ def build(node: model.NodeDevices, *, mig_minors: Mapping[str, int] | None) -> I
             name=gpu.name,
             kind="gpu",
             uuid=gpu.uuid,
-            parent_minor=gpu.minor,
             device_nodes=(f"/dev/nvidia{gpu.minor}",),
         )
         for mig in gpu.mig_devices:
@@ -62,7 +60,6 @@ def build(node: model.NodeDevices, *, mig_minors: Mapping[str, int] | None) -> I
                 name=name,
                 kind="mig",
                 uuid=mig.uuid,
-                parent_minor=gpu.minor,
                 device_nodes=(f"/dev/nvidia{gpu.minor}", *nodes),
                 problem=problem,
             )

@@ -112,7 +112,6 @@ class Publisher:
         self._node_uid: str | None = None
         self._last_generation = 0  # generations only go up, even after our slices vanished
         self.synced = threading.Event()
-        self.passes = 0
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ control
@@ -188,7 +187,6 @@ class Publisher:
                     "conflict; re-reading ResourceSlices", slice=exc.slice_name, op=exc.op
                 )
                 continue
-            self.passes += 1
             if outcome.writes:
                 self.log.info(
                     "ResourceSlices reconciled",
