@@ -258,7 +258,7 @@ def decode_errors(kind: str, obj: Any) -> list[fielderrors.FieldError]:
     if not isinstance(obj, dict):
         return [fielderrors.decode("", f"expected a JSON object for {kind}")]
     walk = _Decode()
-    walk.value(obj, kind, "", "", kind)
+    walk.value(obj, kind)
     if walk.fatal is not None:
         return [walk.fatal]
     if walk.mismatch is not None:
@@ -276,7 +276,9 @@ class _Decode:
         self.mismatch: fielderrors.FieldError | None = None
         self.unknown: list[fielderrors.FieldError] = []
 
-    def value(self, value: Any, typ: str, path: str, gopath: str, struct: str) -> None:
+    def value(
+        self, value: Any, typ: str, path: str = "", gopath: str = "", struct: str = ""
+    ) -> None:
         """``path`` names the field for us (``spec.devices[0].name``), ``gopath`` the way Go's
         error context does (``spec.devices.name``, no indices or keys), ``struct`` is the Go
         struct holding the field."""
@@ -314,11 +316,11 @@ class _Decode:
             # bare number parses; anything else reaches ParseQuantity as text and fails.
             text = _quantity_text(value)
             try:
-                if text is None or not text:
+                if not text:
                     raise quantity.QuantityError(_QUANTITY_FORMAT)
                 quantity.parse_quantity(text)
             except quantity.QuantityError as exc:
-                reason = str(exc).split(": ", 1)[-1]
+                reason = str(exc).removeprefix(f"quantity {text!r}: ")
                 self.fatal = fielderrors.decode(path, f"{reason} (at {path}: {value!r})")
             return
         if typ == "time":
@@ -377,8 +379,7 @@ def _go_type(typ: str) -> str:
         return "[]" + _go_type(typ[1:-1])
     if typ.startswith("{"):
         return "map[string]" + _go_type(typ[1:-1])
-    scalars = {"string": "string", "int": "int64", "bool": "bool", "quantity": "resource.Quantity"}
-    return scalars.get(typ, f"v1.{typ}")
+    return {"string": "string", "int": "int64", "bool": "bool"}.get(typ, f"v1.{typ}")
 
 
 def _quantity_text(value: Any) -> str | None:
@@ -396,17 +397,17 @@ def _quantity_text(value: Any) -> str | None:
 
 
 def _time_ok(value: str) -> bool:
+    """Date and time fields in range, and a numeric offset within RFC 3339's 23:59."""
     match = _RFC3339.match(value)
     if not match:
         return False
-    year, month, day, hour, minute, second, off_h, off_m = (
-        int(g) if g is not None else 0 for g in match.groups()
-    )
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
     try:
         datetime.datetime(year, month, day, hour, minute, second)
     except ValueError:
         return False
-    return off_h < 24 and off_m < 60
+    off_h, off_m = match.groups()[6:]
+    return off_h is None or (int(off_h) < 24 and int(off_m) < 60)
 
 
 def decoded(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -414,16 +415,14 @@ def decoded(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     (an absent field, or ``{}``/``""``/``0``/``false`` inside lists and maps) and quantities
     written as numbers are strings. Empty lists stay: ``ints: []`` is not ``ints: null``.
     ``obj`` must have passed :func:`decode_errors`."""
-    out = _zeroed(obj, kind)
-    return out if isinstance(out, dict) else {}
+    out: dict[str, Any] = _zeroed(obj, kind)
+    return out
 
 
 def _zero(typ: str) -> Any:
-    if typ in TYPES or typ.startswith("{"):
-        return {}
-    if typ.startswith("["):
-        return []
-    return {"string": "", "int": 0, "bool": False, "quantity": "0", "time": ""}.get(typ)
+    """The zero value of a list item or map value (structs, strings, ints, bools, quantities:
+    no list holds lists or maps, and no list or map holds times)."""
+    return {} if typ in TYPES else {"string": "", "int": 0, "bool": False, "quantity": "0"}[typ]
 
 
 def _zeroed(value: Any, typ: str) -> Any:
@@ -437,7 +436,7 @@ def _zeroed(value: Any, typ: str) -> Any:
         return {k: _zeroed(v, typ[1:-1]) for k, v in value.items()}
     if typ in TYPES:
         fields = TYPES[typ]
-        return {k: _zeroed(v, fields.get(k, "json")) for k, v in value.items() if v is not None}
+        return {k: _zeroed(v, fields[k]) for k, v in value.items() if v is not None}
     if typ == "quantity" and not isinstance(value, str):
         return _quantity_text(value)
     if typ == "quantity":
@@ -448,22 +447,22 @@ def _zeroed(value: Any, typ: str) -> Any:
 def storage_form(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     """``obj`` as the server stores and returns it: empty lists and maps and nulls dropped
     (Go's ``omitempty``), except inside free-form JSON fields such as opaque parameters."""
-    pruned = _prune(_zeroed(obj, kind), kind)
-    return pruned if isinstance(pruned, dict) else obj
+    pruned: dict[str, Any] = _prune(_zeroed(obj, kind), kind)
+    return pruned
 
 
 def _prune(value: Any, typ: str) -> Any:
     if typ == "json":
         return value
     if isinstance(value, list):
-        return [_prune(v, typ[1:-1] if typ.startswith("[") else typ) for v in value]
+        return [_prune(v, typ[1:-1]) for v in value]
     if not isinstance(value, dict):
         return value
     out: dict[str, Any] = {}
     for key, item in value.items():
-        sub = typ[1:-1] if typ.startswith("{") else TYPES.get(typ, {}).get(key, "json")
+        sub = typ[1:-1] if typ.startswith("{") else TYPES[typ][key]
         item = _prune(item, sub)
-        if item is None or (isinstance(item, list | dict) and not item and sub != "json"):
+        if isinstance(item, list | dict) and not item and sub != "json":
             continue
         out[key] = item
     return out

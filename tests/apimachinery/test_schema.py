@@ -273,3 +273,100 @@ def test_storage_form_drops_empty_fields_but_keeps_free_json() -> None:
     }
     cls = {"spec": {"config": [{"opaque": {"driver": "d", "parameters": {}}}]}}
     assert schema.storage_form("DeviceClass", cls) == cls
+
+
+def test_maps_take_only_objects_and_their_values_are_decoded_with_their_struct() -> None:
+    device = {"name": "gpu-0", "attributes": "x"}
+    assert decode(slice_obj(devices=[device])) == [
+        "json: cannot unmarshal string into Go struct field Device.spec.devices.attributes"
+        " of type map[string]v1.DeviceAttribute"
+    ]
+    device = {"name": "gpu-0", "attributes": {"a": {"int": "1"}}}
+    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    assert error.path == "spec.devices[0].attributes[a].int"
+    assert error.detail == (
+        "json: cannot unmarshal string into Go struct field DeviceAttribute"
+        ".spec.devices.attributes.int of type int64"
+    )
+    assert decode(slice_obj(devices=[{"name": "gpu-0", "attributes": {"a": []}}])) == [
+        "json: cannot unmarshal array into Go struct field Device.spec.devices.attributes"
+        " of type v1.DeviceAttribute"
+    ]
+    assert decode(slice_obj(driver=["d"])) == [
+        "json: cannot unmarshal array into Go struct field ResourceSliceSpec.spec.driver"
+        " of type string"
+    ]
+
+
+def test_decode_error_paths_name_the_field() -> None:
+    device = {"name": "gpu-0", "taints": [{"key": "k", "effect": "None", "timeAdded": "x"}]}
+    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    assert error.path == "spec.devices[0].taints[0].timeAdded"
+    assert error.detail.startswith('parsing time "x" as "2006-01-02T15:04:05Z07:00"')
+    device["taints"][0]["timeAdded"] = 7
+    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    assert error.path == "spec.devices[0].taints[0].timeAdded"
+    obj = slice_obj()
+    obj["spec"]["pool"]["extra"] = 1
+    (error,) = schema.decode_errors("ResourceSlice", obj)
+    assert (error.path, error.status) == ("spec.pool.extra", 400)
+    (error,) = schema.decode_errors("ResourceSlice", ["not", "an", "object"])
+    assert (error.path, error.detail) == ("", "expected a JSON object for ResourceSlice")
+
+
+def test_a_quantity_error_quotes_the_reason_only() -> None:
+    device = {"name": "gpu-0", "capacity": {"memory": {"value": "a: b"}}}
+    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    assert error.detail.startswith("quantities must match the regular expression")
+    device["capacity"]["memory"]["value"] = "Ei"
+    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    assert error.detail.startswith("unable to parse numeric part of quantity")
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("2026-11-22T00:00:59Z", True),
+        ("2026-11-22T00:00:60Z", False),  # seconds are range-checked too
+        ("2026-11-22T23:59:00+23:59", True),
+        ("2026-11-22T00:00:00+24:00", False),
+        ("2026-11-22T00:00:00-05:60", False),
+        ("2026-13-01T00:00:00Z", False),
+    ],
+)
+def test_time_fields_and_offsets_are_range_checked(value: str, ok: bool) -> None:
+    device = {"name": "gpu-0", "taints": [{"key": "k", "effect": "None", "timeAdded": value}]}
+    assert (decode(slice_obj(devices=[device])) == []) is ok
+
+
+def test_null_list_items_and_map_values_are_zero_values_of_their_type() -> None:
+    device = {
+        "name": "gpu-0",
+        "bindingConditions": [None],
+        "attributes": {"i": {"ints": [None]}, "b": {"bools": [None]}, "s": {"strings": [None]}},
+        "consumesCounters": [{"counterSet": "s", "counters": {"c": None}}],
+    }
+    spec = schema.decoded("ResourceSlice", slice_obj(devices=[device]))["spec"]
+    got = spec["devices"][0]
+    assert got["bindingConditions"] == [""]
+    assert got["attributes"] == {
+        "i": {"ints": [0]},
+        "b": {"bools": [False]},
+        "s": {"strings": [""]},
+    }
+    assert got["consumesCounters"] == [{"counterSet": "s", "counters": {"c": {}}}]
+    claim = {
+        "spec": {"devices": {"requests": [{"exactly": {"capacity": {"requests": {"m": None}}}}]}}
+    }
+    requests = schema.decoded("ResourceClaim", claim)["spec"]["devices"]["requests"]
+    assert requests[0]["exactly"]["capacity"]["requests"] == {"m": "0"}
+
+
+def test_storage_form_prunes_inside_lists_and_maps() -> None:
+    obj = slice_obj(devices=[{"name": "gpu-0", "taints": [], "attributes": {"a": {"int": 1}}}])
+    obj["spec"]["devices"].append({"name": "gpu-1", "capacity": {"m": {"value": 80}}})
+    stored = schema.storage_form("ResourceSlice", obj)
+    assert stored["spec"]["devices"] == [
+        {"name": "gpu-0", "attributes": {"a": {"int": 1}}},
+        {"name": "gpu-1", "capacity": {"m": {"value": "80"}}},
+    ]
