@@ -3,9 +3,10 @@ real parts together.
 
 It picks the device backend, the Kubernetes API adapter and the host paths, builds the driver
 core, recovers its checkpoint, serves the kubelet (DRA service, then registration), runs the
-ResourceSlice publisher and the periodic claim clean-up, and on SIGTERM shuts down in the order
-that keeps the kubelet informed: registration socket first (the kubelet stops sending work), then
-the publisher and clean-up, then the DRA service once in-flight calls are answered.
+ResourceSlice publisher, the Node's GPU labels and the periodic claim clean-up, and on SIGTERM
+shuts down in the order that keeps the kubelet informed: registration socket first (the kubelet
+stops sending work), then the publisher, labels and clean-up, then the DRA service once in-flight
+calls are answered.
 
 With ``pod_uid`` set (seamless upgrades, contracts.md §8.2) the sockets carry the pod UID in
 their names and the claim state is shared safely with the other instance through file locks
@@ -34,6 +35,8 @@ from dra_driver.driver import cdi, checkpoint, driverfiles, instances, inventory
 from dra_driver.driver import driver as driver_mod
 from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
+from dra_driver.nodelabels import agent as nodelabels
+from dra_driver.nodelabels import compute as labels_compute
 from dra_driver.slices import build, publisher
 
 
@@ -57,6 +60,8 @@ class PluginSettings:
     serial: bool = False
     cleanup_interval_s: float = 60.0
     publish: bool = True
+    node_labels: bool = True  # keep this node's GPU labels (docs/labels.md) on its Node
+    node_labels_resync_s: float = 60.0
 
     @property
     def plugin_dir(self) -> Path:
@@ -219,6 +224,29 @@ def start_publisher(
     )
 
 
+def start_node_labels(
+    settings: PluginSettings,
+    *,
+    devices: model.NodeDevices,
+    api: kube.KubeApi,
+    source: health.HealthSource,
+    log: structlog.typing.FilteringBoundLogger,
+) -> Stoppable | None:
+    """Keep this node's GPU labels on its Node (unless ``settings.node_labels`` is off)."""
+    if not settings.node_labels:
+        log.info("not labelling the Node (disabled)")
+        return None
+    return nodelabels.start(
+        kube=api,
+        node_name=settings.node_name,
+        devices=devices,
+        settings=labels_compute.Settings(),  # DRA: whole GPUs and MIG devices side by side
+        source=source,
+        log=log.bind(component="node-labels"),
+        resync_s=settings.node_labels_resync_s,
+    )
+
+
 def run(
     settings: PluginSettings,
     *,
@@ -249,10 +277,11 @@ def run(
     except OSError as exc:
         raise StartupError(f"cannot set up the plugin's files: {exc}") from exc
 
+    source = health_source or health.HealthBoard()
     streams = health_service.HealthStreams(
         pool_name=settings.node_name,
         devices=health.device_keys(devices),
-        source=health_source or health.HealthBoard(),
+        source=source,
         log=log.bind(component="health"),
     )
     dra = server.UnixServer(
@@ -275,6 +304,7 @@ def run(
     )
     cleanup = driver_mod.CleanupLoop(driver=driver, interval_s=settings.cleanup_interval_s, log=log)
     slice_publisher: Stoppable | None = None
+    node_labels: Stoppable | None = None
     try:
         dra.start()
         reg.start()
@@ -288,6 +318,7 @@ def run(
             )
         except build.BuildError as exc:  # keep serving: prepared claims still need unprepare
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))
+        node_labels = start_node_labels(settings, devices=devices, api=api, source=source, log=log)
         cleanup.start()
         log.info(
             "kubelet plugin ready", dra_socket=str(dra.path), registration_socket=str(reg.path)
@@ -298,6 +329,8 @@ def run(
         reg.stop(grace_s=1.0)
         if slice_publisher is not None:
             slice_publisher.stop()
+        if node_labels is not None:
+            node_labels.stop()
         cleanup.stop()
         streams.stop()
         dra.stop(grace_s=5.0)

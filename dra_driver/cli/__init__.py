@@ -22,6 +22,7 @@ from dra_driver import __version__, logs
 SUMMARIES = {
     "discover": "list this node's GPUs and their topology",
     "slices": "print the ResourceSlices this node would publish (multi-document YAML)",
+    "labels": "print this node's GPU labels (GPU Feature Discovery's names)",
     "publish": "publish this node's ResourceSlices and keep them",
     "simulate": "allocate a ResourceClaim on one node locally and explain failures",
     "demo": "run the whole node pipeline on fake GPUs (no cluster, no GPU needed)",

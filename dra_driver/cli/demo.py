@@ -40,6 +40,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=Path,
         help="work in DIR and keep it (sockets, CDI specs, checkpoint, logs)",
     )
+    parser.add_argument(
+        "--scene",
+        action="append",
+        choices=demo.scene_names(),
+        help="run only this scene (repeatable; default: all of them in order)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -58,4 +64,5 @@ def run(args: argparse.Namespace) -> int:
         driver_name=args.driver_name,
         out=sys.stdout,
         keep=args.keep,
+        scenes=args.scene,
     )

@@ -4,8 +4,9 @@ The legacy mode for clusters and charts that still ask for ``resources.limits: n
 (docs/device-plugin.md). It discovers GPUs like every other subcommand, then runs
 :class:`dra_driver.deviceplugin.app.DevicePluginApp` until SIGTERM/SIGINT, removing its sockets
 on the way out. It also serves ``/metrics``, ``/healthz`` and ``/readyz`` (ready once every
-resource is registered). Exit codes: 0 clean shutdown, 1 the kubelet refused us or the metrics
-port is taken, 2 bad flags or input.
+resource is registered). Given ``--node-name`` (env NODE_NAME, set by the chart) it keeps the
+Node's GPU labels too (docs/labels.md), the only thing it asks the API server for. Exit codes:
+0 clean shutdown, 1 the kubelet refused us or the metrics port is taken, 2 bad flags or input.
 """
 
 from __future__ import annotations
@@ -16,13 +17,18 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from dra_driver import cli, health_server, logs, metrics
-from dra_driver.cli import common
+from dra_driver.cli import common, labelflags
 from dra_driver.deviceplugin import allocate, app, cdi, inventory, registrar
-from dra_driver.devices import backend, health
+from dra_driver.devices import backend, health, model
 from dra_driver.driver import inventory as preparable
+from dra_driver.nodelabels import agent as nodelabels
+from dra_driver.nodelabels import compute as labels_compute
+
+if TYPE_CHECKING:
+    from dra_driver.kube import client
 
 _log = logs.get("cli.device_plugin")
 _E = TypeVar("_E", bound=enum.StrEnum)
@@ -78,6 +84,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="none | single | mixed (env MIG_STRATEGY; default none)",
     )
     health_server.add_flags(parser)
+    labelflags.add_flags(parser, api_access=True)
     parser.set_defaults(handler=run)
 
 
@@ -108,6 +115,7 @@ def _choice(enum_type: type[_E], value: str, flag: str) -> _E:
 def run(args: argparse.Namespace) -> int:
     registry = metrics.new()
     readiness = health_server.Readiness(conditions=health_server.DEVICE_PLUGIN_CONDITIONS)
+    board = health.HealthBoard()
     try:
         config = config_from_args(args)
         try:
@@ -118,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         plugin = app.DevicePluginApp(
             config=config,
             devices=devices,
-            health_source=health.HealthBoard(),
+            health_source=board,
             mig_minors=None if (args.fake or args.fake_file) else preparable.read_mig_minors(),
             readiness=readiness,
         )
@@ -130,10 +138,16 @@ def run(args: argparse.Namespace) -> int:
         registrar.RegistrationError,
     ) as exc:
         return common.fail(str(exc))
+    try:
+        node_labels = start_node_labels(args, config=config, devices=devices, source=board)
+    except (common.UsageError, labels_compute.LabelError) as exc:
+        return common.fail(str(exc))
     http = health_server.from_args(args, registry=registry.registry, readiness=readiness)
     try:
         http.start()
     except health_server.HealthServerError as exc:
+        if node_labels is not None:
+            node_labels.stop()
         return common.fail(str(exc), code=1)
     stop = threading.Event()
 
@@ -149,6 +163,54 @@ def run(args: argparse.Namespace) -> int:
         return common.fail(str(exc), code=1)
     finally:
         http.stop()
+        if node_labels is not None:
+            node_labels.stop()
     if fatal is not None:
         return common.fail(str(fatal), code=1)
     return 0
+
+
+class _Labels:
+    """The running labeler and the API client it owns (closed together)."""
+
+    def __init__(self, running: nodelabels.Running, api: client.KubeClient) -> None:
+        self.running, self.api = running, api
+
+    def stop(self) -> None:
+        self.running.stop()
+        self.api.close()
+
+
+def start_node_labels(
+    args: argparse.Namespace,
+    *,
+    config: app.Config,
+    devices: model.NodeDevices,
+    source: health.HealthSource,
+) -> _Labels | None:
+    """Keep the Node's GPU labels when ``--node-labels`` is on and ``--node-name`` is given."""
+    if not args.node_labels:
+        _log.info("not labelling the Node (disabled)")
+        return None
+    if not args.node_name:
+        _log.info("not labelling the Node: no --node-name (env NODE_NAME)")
+        return None
+    settings = labels_compute.Settings(
+        mig_strategy=config.mig_strategy.value, replicas=config.replicas
+    )
+    from dra_driver.kube import client
+
+    try:
+        api = client.KubeClient.connect(Path(args.kubeconfig) if args.kubeconfig else None)
+    except client.ConfigError as exc:
+        raise common.UsageError(f"node labels need API access: {exc}") from exc
+    running = nodelabels.start(
+        kube=api,
+        node_name=args.node_name,
+        devices=devices,
+        settings=settings,
+        source=source,
+        log=_log.bind(component="node-labels", node=args.node_name),
+        resync_s=args.node_labels_resync,
+    )
+    return _Labels(running, api)

@@ -5,7 +5,8 @@ over this object, so laptops, CI and tests exercise the same code path as a GPU 
 exactly the functions the backend calls, returns pynvml's own struct types, and raises pynvml's
 own exception classes (re-exported by :mod:`dra_driver.devices.nvml`; this module never imports
 pynvml) where real NVML would: NotSupported for NVLink on cards without it, fabric info on GPUs
-outside a multi-node fabric, a NUMA id the profile does not give, MIG on GPUs without ``mig``.
+outside a multi-node fabric, a NUMA id the profile does not give, MIG on GPUs that are neither in
+MIG mode (``mig``) nor MIG-capable (``migCapable``).
 Tests inject failures: an init error, a failing GPU, a failing call, or any function replaced.
 """
 
@@ -319,8 +320,12 @@ class FakeNvml:
         return dev, self._migs[dev.pos]
 
     def nvmlDeviceGetMigMode(self, handle: object) -> list[int]:
-        self._mig_specs("nvmlDeviceGetMigMode", handle)
-        return [nvml.NVML_DEVICE_MIG_ENABLE, nvml.NVML_DEVICE_MIG_ENABLE]
+        dev = self._device("nvmlDeviceGetMigMode", handle)
+        if self._spec(dev).mig is not None:
+            return [nvml.NVML_DEVICE_MIG_ENABLE, nvml.NVML_DEVICE_MIG_ENABLE]
+        if self.profile.mig_capable(dev.pos):  # MIG-capable, MIG mode off (current, pending)
+            return [nvml.NVML_DEVICE_MIG_DISABLE, nvml.NVML_DEVICE_MIG_DISABLE]
+        raise nvml.NVMLError_NotSupported()
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:
         return max(7, len(self._mig_specs("nvmlDeviceGetMaxMigDeviceCount", handle)[1]))
@@ -403,6 +408,7 @@ class ProfileSysfs:
 
     def __init__(self, profile: profiles.Profile) -> None:
         self._gpus = {nvml.sysfs_bus_id(g.pci_bus_id): g for g in profile.gpus}
+        self._machine_type = profile.machine_type
 
     def pcie_root(self, bus_id: str) -> str | None:
         gpu = self._gpus.get(bus_id)
@@ -411,3 +417,6 @@ class ProfileSysfs:
     def numa_node(self, bus_id: str) -> int | None:
         gpu = self._gpus.get(bus_id)
         return gpu.numa_node if gpu is not None else None
+
+    def machine_type(self) -> str | None:
+        return self._machine_type

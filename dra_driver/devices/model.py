@@ -75,6 +75,8 @@ class Gpu:
     pcie_root: str | None  # "pci0000:15"
     numa_node: int | None
     mig_enabled: bool = False
+    # The GPU supports MIG (NVML answers its MIG mode), whether or not MIG mode is on.
+    mig_capable: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
     # Active NVLink links to each peer GPU, keyed by peer *index*. GPUs behind NVSwitches
     # see every other switch-attached GPU with the link count of the narrower side.
@@ -103,6 +105,8 @@ class NodeDevices:
     # PCIe relationship of each unordered pair (lower index first). NVLink is layered on top
     # by :mod:`dra_driver.devices.topology`; this is the path without NVLink.
     pcie_paths: Mapping[tuple[int, int], PathType] = dataclasses.field(default_factory=dict)
+    # The machine's model as its firmware names it (DMI product name), None when unknown.
+    machine_type: str | None = None
 
     def gpu(self, index: int) -> Gpu:
         for gpu in self.gpus:

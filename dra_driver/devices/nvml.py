@@ -224,7 +224,9 @@ class PynvmlBackend:
                 del read[index]
         gpus = self._with_links(read)
         return model.NodeDevices(
-            gpus=tuple(gpus[i] for i in sorted(gpus)), pcie_paths=self._pcie_paths(read, gpus)
+            gpus=tuple(gpus[i] for i in sorted(gpus)),
+            pcie_paths=self._pcie_paths(read, gpus),
+            machine_type=self._sysfs.machine_type(),
         )
 
     # --- calls --------------------------------------------------------------------------------
@@ -277,6 +279,7 @@ class PynvmlBackend:
             pcie_root=self._sysfs.pcie_root(bus_id),
             numa_node=self._numa(handle, bus_id),
             mig_enabled=mig_enabled,
+            mig_capable=mig_mode is not None,
             mig_devices=self._read_migs(index, handle, memory) if mig_enabled else (),
             fabric=self._fabric(handle),
         )

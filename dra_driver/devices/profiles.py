@@ -75,6 +75,9 @@ class GpuDefaults(pydantic.BaseModel):
     )
     memory: Bytes | None = None
     fabric: Fabric | None = None
+    # MIG support with MIG mode off (NVML reports the mode as disabled instead of NotSupported).
+    # A GPU with ``mig`` is MIG-capable whatever this says.
+    mig_capable: bool | None = pydantic.Field(default=None, alias="migCapable")
 
 
 class GpuSpec(GpuDefaults):
@@ -123,6 +126,10 @@ class Profile(pydantic.BaseModel):
     name: str = pydantic.Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     description: str = ""
     driver_version: str = pydantic.Field(alias="driverVersion", pattern=r"^[0-9]+(\.[0-9]+)+$")
+    # The DMI product name (/sys/class/dmi/id/product_name); absent = the platform reports none.
+    machine_type: str | None = pydantic.Field(
+        default=None, alias="machineType", min_length=1, max_length=256
+    )
     cuda_driver_version: str = pydantic.Field(
         alias="cudaDriverVersion", pattern=r"^[0-9]+\.[0-9]+$"
     )
@@ -169,6 +176,10 @@ class Profile(pydantic.BaseModel):
         """A GPU field with the profile default applied."""
         value = getattr(self.gpus[position], field)
         return value if value is not None else getattr(self.defaults, field)
+
+    def mig_capable(self, position: int) -> bool:
+        """Whether NVML reports a MIG mode for this GPU (``mig`` given, or ``migCapable``)."""
+        return self.gpus[position].mig is not None or bool(self.resolved(position, "mig_capable"))
 
     def gpu_uuid(self, position: int) -> str:
         given = self.gpus[position].uuid

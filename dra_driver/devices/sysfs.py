@@ -1,7 +1,9 @@
-"""What NVML does not say about where a GPU sits on the host: its PCIe root complex and NUMA node.
+"""What NVML does not say about where a GPU sits on the host: its PCIe root complex and NUMA node,
+and what machine it sits in.
 
 The NVML backend asks a :class:`Sysfs` for these; on a real node :class:`HostSysfs` reads
-``/sys/bus/pci/devices/<bus id>``, the fake backend answers from its profile. Keeping this a
+``/sys/bus/pci/devices/<bus id>`` and the firmware's DMI product name, the fake backend answers
+from its profile. Keeping this a
 seam lets the one discovery code path run over real and fake hardware alike.
 """
 
@@ -21,6 +23,10 @@ class Sysfs(Protocol):
 
     def numa_node(self, bus_id: str) -> int | None:
         """The device's NUMA node, or None when the platform reports none (-1) or it is unknown."""
+        ...
+
+    def machine_type(self) -> str | None:
+        """The machine's model (DMI product name, e.g. ``DGX H100``), or None when unknown."""
         ...
 
 
@@ -52,3 +58,13 @@ class HostSysfs:
         except (OSError, ValueError):
             return None
         return node if node >= 0 else None
+
+    def machine_type(self) -> str | None:
+        """``/sys/class/dmi/id/product_name``, trimmed; None when absent, unreadable or empty."""
+        try:
+            text = (self.root / "class" / "dmi" / "id" / "product_name").read_text(
+                encoding="utf-8", errors="replace"
+            )
+        except OSError:
+            return None
+        return text.strip() or None

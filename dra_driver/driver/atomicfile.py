@@ -1,10 +1,19 @@
 """Atomic (and, where it matters, durable) file updates for the CDI specs and the checkpoint.
 
 Atomic: a crash of the process at any instant leaves either the old or the new content, never a
-torn file: write a temporary file in the same directory, then rename it over the target (rename
-is atomic, and the kernel keeps both in its cache even if we are SIGKILLed). Where Linux allows,
-the temporary file is unnamed (``O_TMPFILE``) and linked in, which for a new name saves a
-directory operation and leaves nothing behind after a crash (see :func:`write_bytes`).
+torn file: write a temporary file under a dot-name in the same directory, then rename it over the
+target (rename is atomic, and the kernel keeps both in its cache even if we are SIGKILLed).
+
+Seen by watchers: container runtimes (containerd 2, CRI-O) keep a cache of the CDI spec
+directories that refreshes on inotify *write*, *rename* and *remove* events and deliberately
+ignores bare *creates* (a file that just appeared may still be empty). Writing a named temporary
+file and renaming it raises a rename event (``IN_MOVED_FROM`` of the temporary name), so the
+cache reloads the directory the moment the spec is complete; writes to the temporary file itself
+are ignored by the cache (its extension is neither ``.json`` nor ``.yaml``), and so is it when it
+scans (same reason). Never link a finished unnamed (``O_TMPFILE``) file into such a directory:
+that raises nothing but a create, and the runtime never learns of the spec (issue 19). Only
+:func:`create_open`, for the plugin's private checkpoint directory that nobody watches, still
+uses an unnamed file.
 
 Durable (``durable=True``): additionally fsync the file before the rename and the directory after
 it, so the new content also survives a power loss or kernel crash. That costs two journal commits
@@ -83,31 +92,13 @@ def write_bytes(
     durable: bool = True,
     mode: int = 0o644,
     dir_sync: DirSync | None = None,
-    new: bool = False,
 ) -> None:
-    """Replace ``path`` with ``data`` atomically (and durably if asked; ``dir_sync``, the
-    group-committed sync of ``path``'s directory, then makes the rename durable).
-
-    Where the filesystem allows (Linux ``O_TMPFILE``: ext4, xfs, btrfs, tmpfs), the content is
-    written to an unnamed file first and then linked in: with ``new`` (the caller expects the
-    name not to exist) straight under its name, one directory operation instead of two (create +
-    rename); otherwise, or if the name exists after all, under a temporary name that is renamed
-    over it. A crash before the link leaves nothing behind.
-    """
+    """Replace ``path`` with ``data`` atomically, visibly to directory watchers (a named
+    temporary file renamed over it), and durably if asked (``dir_sync``, the group-committed
+    sync of ``path``'s directory, then makes the rename durable)."""
     target = os.fspath(path)
     head, name = os.path.split(target)
-    fd = _open_unnamed(head or ".", mode)
-    if fd is None:
-        _write_named(target, head, name, data, durable=durable, mode=mode)
-    else:
-        try:
-            _write_all(fd, data)
-            if durable:
-                os.fsync(fd)
-            if not _link(fd, target, head, name, new=new):
-                _write_named(target, head, name, data, durable=durable, mode=mode)
-        finally:
-            os.close(fd)
+    _write_named(target, head, name, data, durable=durable, mode=mode)
     if durable:
         if dir_sync is not None:
             dir_sync.sync()
@@ -117,14 +108,18 @@ def write_bytes(
 
 def create_open(path: Path | str, data: bytes, *, mode: int = 0o644) -> int:
     """Atomically write ``data`` as ``path`` (expected to be new; replaced if not) and return a
-    descriptor open for writing to it, for a later in-place update; the caller closes it."""
+    descriptor open for writing to it, for a later in-place update; the caller closes it.
+
+    Where Linux allows (``O_TMPFILE``), the content is written to an unnamed file that is then
+    linked in under its name: one directory operation, and nothing left behind by a crash. Only
+    for directories no other program watches (see the module docstring)."""
     target = os.fspath(path)
     head, name = os.path.split(target)
     fd = _open_unnamed(head or ".", mode)
     if fd is not None:
         try:
             _write_all(fd, data)
-            if _link(fd, target, head, name, new=True):
+            if _link(fd, target, head, name):
                 return fd
         except BaseException:
             os.close(fd)
@@ -152,20 +147,17 @@ def _open_unnamed(directory: str, mode: int) -> int | None:
         return None
 
 
-def _link(fd: int, target: str, head: str, name: str, *, new: bool) -> bool:
+def _link(fd: int, target: str, head: str, name: str) -> bool:
     """Give the unnamed file ``fd`` the name ``target``, replacing what is there; False when
     this process cannot link through ``/proc/self/fd`` (then the caller writes it named)."""
     source = f"/proc/self/fd/{fd}"
-    tmp = _tmp_name(head, name)
     try:
         # An absolute source ignores src_dir_fd; passing one makes Python call linkat(2),
         # which (with AT_SYMLINK_FOLLOW) links the file the /proc link points to.
-        os.link(source, target if new else tmp, src_dir_fd=fd, follow_symlinks=True)
-        if new:
-            return True
-    except FileExistsError:
-        if not new:
-            raise
+        os.link(source, target, src_dir_fd=fd, follow_symlinks=True)
+        return True
+    except FileExistsError:  # not new after all: link under a temporary name, rename over it
+        tmp = _tmp_name(head, name)
         os.link(source, tmp, src_dir_fd=fd, follow_symlinks=True)
     except OSError as exc:
         if exc.errno not in _NO_PROC_LINK or not os.path.isdir(head or "."):
@@ -223,14 +215,13 @@ def write_json(
     durable: bool = True,
     mode: int = 0o644,
     dir_sync: DirSync | None = None,
-    new: bool = False,
 ) -> None:
     """``obj`` as compact JSON, atomically (and durably if asked).
 
     Compact on purpose: ``indent`` makes the json module fall back to its pure-Python encoder,
     which costs more CPU than the rest of a prepare (``jq`` makes the files readable)."""
     data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
-    write_bytes(path, data, durable=durable, mode=mode, dir_sync=dir_sync, new=new)
+    write_bytes(path, data, durable=durable, mode=mode, dir_sync=dir_sync)
 
 
 def remove(path: Path | str, *, durable: bool = True) -> bool:

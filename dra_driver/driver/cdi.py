@@ -179,12 +179,14 @@ class CdiSpecs:
 
     def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
         path = self._file(claim_uid)
-        # Not fsynced: /var/run/cdi is a tmpfs, and a spec is only valid for this boot anyway.
+        # Named temporary file + rename (atomicfile): the rename is what makes runtimes with a
+        # watching spec cache (containerd 2, CRI-O) reload the directory. Not fsynced:
+        # /var/run/cdi is a tmpfs, and a spec is only valid for this boot anyway.
         try:
-            atomicfile.write_json(path, spec, durable=False, new=True)
+            atomicfile.write_json(path, spec, durable=False)
         except FileNotFoundError:  # the directory is created on first use (or re-created)
             self.root.mkdir(parents=True, exist_ok=True)
-            atomicfile.write_json(path, spec, durable=False, new=True)
+            atomicfile.write_json(path, spec, durable=False)
         return Path(path)
 
     def remove(self, claim_uid: str) -> bool:

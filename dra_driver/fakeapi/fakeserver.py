@@ -2,10 +2,11 @@
 
 Why it exists: the real client adapter (:mod:`dra_driver.kube.client`) must be tested over real
 HTTP — URL building, field selectors, chunked watch streams, Status bodies, preconditions in
-DELETE bodies, connection errors — and no kube-apiserver can run here. This server speaks
-exactly the paths the driver uses, backed by :class:`~dra_driver.fakeapi.memory.InMemoryApi`, on
-127.0.0.1 with an ephemeral port; tests start it in-process or as a subprocess
-(``python -m dra_driver.fakeapi.fakeserver``) and point a kubeconfig at it.
+DELETE bodies, merge patches of Nodes, connection errors — and no kube-apiserver can run here.
+This server speaks exactly the paths the driver uses, backed by
+:class:`~dra_driver.fakeapi.memory.InMemoryApi`, on 127.0.0.1 with an ephemeral port; tests
+start it in-process or as a subprocess (``python -m dra_driver.fakeapi.fakeserver``) and point
+a kubeconfig at it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from dra_driver.fakeapi import memory
+from dra_driver.fakeapi import memory, nodes
 from dra_driver.kube import api
 
 _GROUP = "/apis/resource.k8s.io/v1"
@@ -45,6 +46,7 @@ _REASONS = {
     405: "MethodNotAllowed",
     409: "Conflict",
     410: "Expired",
+    415: "UnsupportedMediaType",
     422: "Invalid",
     500: "InternalError",
     503: "ServiceUnavailable",
@@ -73,6 +75,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
 
     def _dispatch(self, method: str) -> None:
         parsed = urllib.parse.urlsplit(self.path)
@@ -108,6 +113,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._json(201, mem.create_resource_claim(body))
         elif route == "node" and method == "GET":
             self._json(200, mem.get_node(args[0]))
+        elif route == "node" and method == "PATCH":
+            self._json(200, mem.patch_node(args[0], self._patch_body(body)))
         elif route == "slices" and method == "GET":
             self._list_or_watch(query)
         elif route == "slices" and method == "POST":
@@ -191,6 +198,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _patch_body(self, body: Any) -> Any:
+        """The patch, for the patch types the fake applies (merge; strategic merge of maps)."""
+        kind = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        if kind == nodes.STRATEGIC_MERGE_PATCH and not nodes.has_list(body):
+            return body  # on maps a strategic merge patch is a merge patch
+        if kind != nodes.MERGE_PATCH:
+            raise api.ApiError(
+                415,
+                f"the fake API server applies {nodes.MERGE_PATCH} (and "
+                f"{nodes.STRATEGIC_MERGE_PATCH} without lists), not {kind or 'no type'}",
+                reason="UnsupportedMediaType",
+            )
+        return body
 
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)

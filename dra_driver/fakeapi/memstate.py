@@ -3,8 +3,9 @@
 Why it exists: :mod:`dra_driver.fakeapi.memory` is the in-memory API server; this is its lower
 half — the lock, the global ``resourceVersion`` counter, the call log and injected failures,
 metadata stamping, and the objects other than ResourceSlices (ResourceClaims with the server's
-defaulting and validation, DeviceClasses, Nodes with owner-reference garbage collection,
-Namespaces with the labels admission checks read). Split out to keep each module readable.
+defaulting and validation, DeviceClasses, Nodes with owner-reference garbage collection and
+label patches (:mod:`.nodes`), Namespaces with the labels admission checks read). Split out to
+keep each module readable.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import uuid
 from typing import Any
 
 from dra_driver.apimachinery import fielderrors, schema
-from dra_driver.fakeapi import admission, eventlog, serverbits
+from dra_driver.fakeapi import admission, eventlog, nodes, serverbits
 from dra_driver.kube import api
 
 Obj = api.Obj
@@ -86,6 +87,31 @@ class ClusterState:
             if node is None:
                 raise self._fail("get_node", name, 404, f'nodes "{name}" not found')
             return self._ok("get_node", name, node)
+
+    def patch_node(self, name: str, patch: Obj) -> Obj:
+        """JSON merge patch of a Node, as the server applies it (:mod:`.nodes`)."""
+        with self._lock:
+            self._enter("patch_node", name)
+            try:
+                return self._ok("patch_node", name, self._patch_node(name, patch))
+            except api.ApiError as exc:
+                self.calls.append(Call("patch_node", name, exc.status))
+                raise
+
+    def label_node(self, name: str, labels: dict[str, str | None]) -> Obj:
+        """Test helper: change a Node's labels as another client would (``None`` removes)."""
+        with self._lock:
+            return copy.deepcopy(self._patch_node(name, {"metadata": {"labels": labels}}))
+
+    def _patch_node(self, name: str, patch: Obj) -> Obj:
+        old = self._nodes.get(name)
+        if old is None:
+            raise api.NotFound(f'nodes "{name}" not found')
+        new = nodes.apply(name, old, json.loads(json.dumps(patch)))
+        if new != old:  # a patch that changes nothing is a no-op: same resourceVersion
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self._nodes[name] = new
+        return self._nodes[name]
 
     def create_resource_claim(self, obj: Obj) -> Obj:
         """POST a ResourceClaim with the server's defaulting and validation."""

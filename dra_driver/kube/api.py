@@ -65,7 +65,14 @@ class KubeApi(Protocol):
         ...
 
     def get_node(self, name: str) -> Obj:
-        """GET a Node (for the owner reference of our ResourceSlices); raises NotFound."""
+        """GET a Node (owner of our ResourceSlices; its labels); raises NotFound."""
+        ...
+
+    def patch_node(self, name: str, patch: Obj) -> Obj:
+        """JSON merge patch (RFC 7386) of a Node: ``null`` removes a key; returns the Node.
+
+        Raises NotFound, Invalid (a label the server refuses), Conflict (a ``resourceVersion``
+        in the patch that is no longer current)."""
         ...
 
     def list_resource_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:

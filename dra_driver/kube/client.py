@@ -9,9 +9,10 @@ requests go through the raw ``ApiClient`` and response bodies are JSON-decoded h
 the generated model classes are slow to deserialize and would leak library types into the
 driver. The JSON requests themselves (a claim GET per prepare, the publisher's writes) go over
 :mod:`dra_driver.kube.transport`, a lean HTTP/1.1 client that costs a fifth of the library's
-CPU per request; the library's own HTTP stack is kept for watches and for proxy set-ups. Every
-failure becomes the port's :class:`~dra_driver.kube.api.ApiError` family, with
-status 0 when the server could not be reached at all.
+CPU per request; the library's own HTTP stack is kept for watches, for proxy set-ups and for
+the rare Node label patch (a media type of its own). Every failure becomes the port's
+:class:`~dra_driver.kube.api.ApiError` family, with status 0 when the server could not be
+reached at all.
 """
 
 from __future__ import annotations
@@ -99,6 +100,26 @@ class KubeClient:
 
     def get_node(self, name: str) -> api.Obj:
         return self._json("GET", f"/api/v1/nodes/{_q(name)}")
+
+    def patch_node(self, name: str, patch: api.Obj) -> api.Obj:
+        # Rare (only when our labels change): through the library, which sends any media type.
+        path = f"/api/v1/nodes/{_q(name)}"
+        response = self._request(
+            "PATCH", path, body=patch, content_type="application/merge-patch+json"
+        )
+        try:
+            data = response.data
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise api.ApiError(0, f"PATCH {path}: connection lost reading reply: {exc}") from exc
+        finally:
+            response.release_conn()
+        try:
+            decoded = json.loads(data) if data else {}
+        except ValueError as exc:
+            raise api.ApiError(response.status, f"PATCH {path}: reply is not JSON") from exc
+        if not isinstance(decoded, dict):
+            raise api.ApiError(response.status, f"PATCH {path}: reply is not a JSON object")
+        return decoded
 
     def list_resource_slices(self, *, driver: str, node_name: str) -> tuple[list[api.Obj], str]:
         query = [("fieldSelector", _selector(driver, node_name))]
@@ -196,10 +217,11 @@ class KubeClient:
         query: list[tuple[str, str]] | None = None,
         body: api.Obj | None = None,
         timeout: tuple[float, float] | None = None,
+        content_type: str = "application/json",
     ) -> Any:
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         try:
             request = self._client.param_serialize(
                 method,

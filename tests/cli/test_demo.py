@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver import demo
+from dra_driver.demo import rig
 from dra_driver.devices import fake
 
 
@@ -57,7 +58,7 @@ def test_demo_on_mig_profile_prepares_a_mig_device() -> None:
 
 def test_demo_reports_a_broken_step_with_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
     """If a CDI spec never appears, the walk-through says so and fails."""
-    monkeypatch.setattr(demo, "_spec_file", lambda plugin, uid: None)
+    monkeypatch.setattr(rig, "spec_file", lambda plugin, uid: None)
     out = io.StringIO()
     code = demo.run(
         backend=fake.FakeBackend.from_name("pcie-l4"),

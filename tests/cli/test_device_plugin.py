@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dra_driver.fakeapi import fakeserver, memory
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 
@@ -209,3 +210,88 @@ def _get(address: tuple[str, int], path: str) -> tuple[int, str]:
         return resp.status, resp.read().decode()
     finally:
         conn.close()
+
+
+def test_labels_its_node_for_legacy_pods(plugin_dir: Path, recorder: Recorder) -> None:
+    """With --node-name the device plugin keeps GFD's labels, e.g. for nodeAffinity on
+    nvidia.com/gpu.product; time-slicing shows as -SHARED. One PATCH, then GETs only."""
+    with fakeserver.FakeApiServer(memory.InMemoryApi(use_default_cel=False)) as server:
+        server.api.put_node("n1", labels={"kubernetes.io/hostname": "n1"})
+        kubeconfig = server.write_kubeconfig(plugin_dir / "kubeconfig")
+        proc = start(
+            plugin_dir,
+            "--fake",
+            "pcie-l4",
+            "--kubeconfig",
+            str(kubeconfig),
+            env={"NODE_NAME": "n1", "GPU_REPLICAS": "2", "NODE_LABELS_RESYNC": "0.2"},
+        )
+
+        def node_calls(method: str) -> int:
+            return sum(1 for c in server.api.calls if c.method == method)
+
+        try:
+            deadline = time.monotonic() + 60
+            while node_calls("get_node") < 6 and time.monotonic() < deadline:
+                assert proc.poll() is None
+                time.sleep(0.05)
+            with server.api._lock:
+                labels = dict(server.api._nodes["n1"]["metadata"]["labels"])
+            assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4-SHARED"
+            assert labels["nvidia.com/gpu.replicas"] == "2"
+            assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+            assert labels["kubernetes.io/hostname"] == "n1"
+            assert node_calls("get_node") >= 6 and node_calls("patch_node") == 1
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err
+
+
+def test_without_a_node_name_there_are_no_labels(plugin_dir: Path) -> None:
+    log_path = plugin_dir / "plugin.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dra_driver",
+                "--log-format",
+                "json",
+                "device-plugin",
+                "--device-plugin-dir",
+                str(plugin_dir),
+                "--cdi-root",
+                str(plugin_dir / "cdi"),
+                "--fake",
+                "pcie-l4",
+            ],
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "NODE_NAME": ""},
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "not labelling the Node: no --node-name (env NODE_NAME)" not in log_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        assert proc.poll() is None  # serving on, labels off
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_labels_without_api_access_exit_2(plugin_dir: Path) -> None:
+    proc = start(
+        plugin_dir,
+        "--fake",
+        "pcie-l4",
+        "--node-name",
+        "n1",
+        "--kubeconfig",
+        str(plugin_dir / "missing"),
+    )
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert f"node labels need API access: kubeconfig {plugin_dir / 'missing'} does not exist" in err

@@ -155,7 +155,17 @@ def test_device_plugin_runs_only_on_labelled_nodes(rc: ModuleType) -> None:
     dp, kp = by_name["dra-driver-device-plugin"], by_name["dra-driver-kubelet-plugin"]
     assert _matches({MODE_KEY: "device-plugin"}, dp) and not _matches({}, dp)
     assert _matches({}, kp) and not _matches({MODE_KEY: "device-plugin"}, kp)
+    # its one API use is its Node's labels: a service account of its own, else no token at all
+    pod = dp["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "dra-driver-device-plugin"
+    assert env_of(dp)["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    values["nodeLabels"] = {"enabled": False}
+    by_name = {ds["metadata"]["name"]: ds for ds in objects(rc, values, "DaemonSet")}
+    dp = by_name["dra-driver-device-plugin"]
     assert dp["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in dp["spec"]["template"]["spec"]
+    assert "NODE_NAME" not in env_of(dp) and env_of(dp)["NODE_LABELS"] == "false"
+    assert env_of(by_name["dra-driver-kubelet-plugin"])["NODE_LABELS"] == "false"
 
 
 def test_per_node_fake_profiles_render_one_daemonset_each(rc: ModuleType) -> None:
@@ -238,16 +248,39 @@ def test_probes_use_the_metrics_port(rc: ModuleType) -> None:
 # ---- RBAC and the admission policy ------------------------------------------------------------
 
 
+def _rules(role: dict[str, Any]) -> dict[tuple[str, str], list[str]]:
+    assert all(len(r["apiGroups"]) == len(r["resources"]) == 1 for r in role["rules"])
+    return {(r["apiGroups"][0], r["resources"][0]): sorted(r["verbs"]) for r in role["rules"]}
+
+
 def test_rbac_is_exactly_what_the_agent_calls(rc: ModuleType) -> None:
     (role,) = objects(rc, {}, "ClusterRole")
-    rules = {(r["apiGroups"][0], r["resources"][0]): sorted(r["verbs"]) for r in role["rules"]}
-    assert rules == {
+    assert _rules(role) == {
         ("resource.k8s.io", "resourceclaims"): ["get"],
         ("resource.k8s.io", "resourceslices"): ["create", "delete", "list", "update", "watch"],
-        ("", "nodes"): ["get"],
+        ("", "nodes"): ["get", "patch"],  # patch: the Node's GPU labels
     }
-    assert all(len(r["apiGroups"]) == len(r["resources"]) == 1 for r in role["rules"])
+    (role,) = objects(rc, {"nodeLabels": {"enabled": False}}, "ClusterRole")
+    assert _rules(role)[("", "nodes")] == ["get"]
     assert objects(rc, {"kubeletPlugin": {"enabled": False}}, "ClusterRole") == []
+
+
+def test_the_device_plugin_may_only_get_and_patch_nodes(rc: ModuleType) -> None:
+    values: dict[str, Any] = {
+        "kubeletPlugin": {"enabled": False},
+        "devicePlugin": {"enabled": True},
+    }
+    (role,) = objects(rc, values, "ClusterRole")
+    assert role["metadata"]["name"] == "dra-driver-device-plugin"
+    assert _rules(role) == {("", "nodes"): ["get", "patch"]}
+    (binding,) = objects(rc, values, "ClusterRoleBinding")
+    (account,) = objects(rc, values, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "dra-driver"}
+    ]
+    values["nodeLabels"] = {"enabled": False}
+    for kind in ("ClusterRole", "ClusterRoleBinding", "ServiceAccount"):
+        assert objects(rc, values, kind) == []
 
 
 def _cel_env() -> Any:
@@ -289,8 +322,16 @@ def _admit(
 
 
 def test_admission_policy_confines_agents_to_their_node(rc: ModuleType) -> None:
-    (policy,) = objects(rc, {}, "ValidatingAdmissionPolicy")
-    (binding,) = objects(rc, {}, "ValidatingAdmissionPolicyBinding")
+    (policy,) = [
+        p
+        for p in objects(rc, {}, "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"] == "dra-driver-resourceslices"
+    ]
+    (binding,) = [
+        b
+        for b in objects(rc, {}, "ValidatingAdmissionPolicyBinding")
+        if b["spec"]["policyName"] == "dra-driver-resourceslices"
+    ]
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     agent = "system:serviceaccount:dra-driver:dra-driver"
@@ -304,6 +345,142 @@ def test_admission_policy_confines_agents_to_their_node(rc: ModuleType) -> None:
     # other users (the kubelet, admins) are not this policy's business
     assert _admit(policy, user="system:node:n1", node=None, op="DELETE", slice_node="n2")[0]
     assert objects(rc, {"admissionPolicy": {"enabled": False}}, "ValidatingAdmissionPolicy") == []
+
+
+def _node_policy(rc: ModuleType, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    (policy,) = [
+        p
+        for p in objects(rc, values or {}, "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"].endswith("-nodes")
+    ]
+    return policy
+
+
+def _admit_node(
+    policy: dict[str, Any],
+    *,
+    user: str,
+    node: str | None,
+    name: str,
+    old: dict[str, Any],
+    new: dict[str, Any],
+) -> tuple[bool, str]:
+    """Evaluate the Node policy's CEL like the API server for an UPDATE of Node ``name``."""
+    env = _cel_env()
+    extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
+
+    def obj(meta: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, **meta.get("metadata", {})},
+            "spec": meta.get("spec", {}),
+        }
+
+    data: dict[str, Any] = {
+        "request": {"operation": "UPDATE", "userInfo": {"username": user, "extra": extra}},
+        "object": obj(new),
+        "oldObject": obj(old),
+        "variables": {},
+    }
+
+    # Variables are inlined (the binding hands map values back in a form it cannot take again).
+    inline = {f"variables.{v['name']}": f"({v['expression']})" for v in policy["spec"]["variables"]}
+
+    def run(expr: str, kind: type) -> Any:
+        for var, text in inline.items():
+            expr = expr.replace(var, text)
+        value = env.compile(expr).eval(env.Activation(data)).value()
+        assert isinstance(value, kind), f"{expr} gave {value!r}"
+        return value
+
+    if not all(run(c["expression"], bool) for c in policy["spec"]["matchConditions"]):
+        return True, "not matched"
+    for check in policy["spec"]["validations"]:
+        if not run(check["expression"], bool):
+            if "messageExpression" in check:
+                return False, run(check["messageExpression"], str)
+            return False, " ".join(check["message"].split())
+    return True, ""
+
+
+def test_node_policy_confines_agents_to_their_nodes_gpu_labels(rc: ModuleType) -> None:
+    values = {"devicePlugin": {"enabled": True}}
+    policy = _node_policy(rc, values)
+    (binding,) = [
+        b
+        for b in objects(rc, values, "ValidatingAdmissionPolicyBinding")
+        if b["spec"]["policyName"] == policy["metadata"]["name"]
+    ]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rules == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}
+    ]
+    base = {
+        "metadata": {
+            "labels": {"kubernetes.io/hostname": "n1", "nvidia.com/gpu.deploy.driver": "true"},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {"podCIDR": "10.0.0.0/24"},
+    }
+
+    def changed(**meta: Any) -> dict[str, Any]:
+        new = json.loads(json.dumps(base))
+        for key, value in meta.items():
+            if key == "spec":
+                new["spec"] = value
+            else:
+                new["metadata"][key] = value
+        return new
+
+    ours = changed(
+        labels={**base["metadata"]["labels"], "nvidia.com/gpu.product": "NVIDIA-L4"},
+        annotations={**base["metadata"]["annotations"], "gpu.nvidia.com/node-labels": "x"},
+    )
+    for user in (
+        "system:serviceaccount:dra-driver:dra-driver",
+        "system:serviceaccount:dra-driver:dra-driver-device-plugin",
+    ):
+        assert _admit_node(policy, user=user, node="n1", name="n1", old=base, new=ours) == (
+            True,
+            "",
+        )
+        ok, msg = _admit_node(policy, user=user, node="n1", name="n2", old=base, new=ours)
+        assert not ok and msg == 'the driver agent on node n1 may not change Node "n2"'
+        ok, msg = _admit_node(policy, user=user, node=None, name="n1", old=base, new=ours)
+        assert not ok and "no node name" in msg
+    agent = "system:serviceaccount:dra-driver:dra-driver"
+    # removing our own label (even one under nvidia.com/ we never set) is a label change we may make
+    gone = changed(labels={"kubernetes.io/hostname": "n1"})
+    assert _admit_node(policy, user=agent, node="n1", name="n1", old=base, new=gone)[0]
+    for bad, needle in (
+        (changed(labels={"nvidia.com/gpu.deploy.driver": "true"}), "only labels under nvidia.com/"),
+        (
+            changed(labels={**base["metadata"]["labels"], "kubernetes.io/hostname": "evil"}),
+            "only labels under nvidia.com/",
+        ),
+        (
+            changed(labels={**base["metadata"]["labels"], "node-role.kubernetes.io/x": ""}),
+            "only labels under nvidia.com/",
+        ),
+        (changed(annotations={}), "only the annotation gpu.nvidia.com/node-labels"),
+        (
+            changed(annotations={**base["metadata"]["annotations"], "other": "1"}),
+            "only the annotation gpu.nvidia.com/node-labels",
+        ),
+        (
+            changed(spec={**base["spec"], "taints": [{"key": "k", "effect": "NoSchedule"}]}),
+            "may not change a Node's spec",
+        ),
+    ):
+        ok, msg = _admit_node(policy, user=agent, node="n1", name="n1", old=base, new=bad)
+        assert not ok and needle in msg, (bad, msg)
+    # the kubelet and admins are not this policy's business
+    other = _admit_node(policy, user="system:node:n1", node=None, name="n2", old=base, new=gone)
+    assert other == (True, "not matched")
+    assert [
+        p["metadata"]["name"]
+        for p in objects(rc, {"nodeLabels": {"enabled": False}}, "ValidatingAdmissionPolicy")
+    ] == ["dra-driver-resourceslices"]
 
 
 # ---- values.schema.json stays in step with the package ----------------------------------------

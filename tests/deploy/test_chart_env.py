@@ -42,7 +42,11 @@ def _container_env(ds: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
 
 
 def _flag_values(ns: argparse.Namespace) -> dict[str, str]:
-    return {k: str(v) for k, v in vars(ns).items() if k != "handler"}
+    return {
+        k: str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in vars(ns).items()
+        if k != "handler"
+    }
 
 
 # Every value differs from the CLI's default, so a variable nobody reads cannot go unnoticed.
@@ -56,6 +60,7 @@ _COMMON = {
     "driverName": "gpu.example.com",
     "logging": {"level": "debug", "format": "console"},
     "metrics": {"port": 9400},
+    "nodeLabels": {"resyncSeconds": 2.5},
 }
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "kubelet-plugin-real": {**_COMMON, "kubeletPlugin": _PATHS},
@@ -63,6 +68,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         **_COMMON,
         "fakeGPU": {"profile": "dgx-h100"},
         "kubeletPlugin": {**_PATHS, "seamlessUpgrade": True},
+    },
+    "kubelet-plugin-no-node-labels": {
+        **_COMMON,
+        "kubeletPlugin": _PATHS,
+        "nodeLabels": {"enabled": False, "resyncSeconds": 2.5},
     },
     "device-plugin-fake": {
         **_COMMON,
@@ -85,7 +95,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 def test_every_chart_variable_sets_a_flag(
     rc: ModuleType, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for key in ("NODE_NAME", "FAKE_PROFILE", "LOG_LEVEL", "LOG_FORMAT", "KUBECONFIG"):
+    for key in (
+        "NODE_NAME",
+        "FAKE_PROFILE",
+        "LOG_LEVEL",
+        "LOG_FORMAT",
+        "KUBECONFIG",
+        "NODE_LABELS",
+    ):
         monkeypatch.delenv(key, raising=False)
     (ds,) = [m.obj for m in rc.render(VALUE_SETS[name]) if m.obj["kind"] == "DaemonSet"]
     argv, env = _container_env(ds)

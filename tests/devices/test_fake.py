@@ -2,7 +2,9 @@
 
 ``data/direct/<profile>.json`` was recorded from the earlier FakeBackend, which converted a
 profile into the device model directly (before discovery went through the pynvml stand-in).
-Discovery through NVML must give equal dataclasses for every built-in profile.
+Discovery through NVML must give equal dataclasses for every built-in profile. Facts added to
+the model later (``mig_capable``, ``machine_type``, for node labels) were added to the recordings
+from the profiles that state them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def from_dict(data: dict[str, Any]) -> model.NodeDevices:
         pcie_paths={
             tuple(ast.literal_eval(k)): model.PathType(v) for k, v in data["pcie_paths"].items()
         },
+        machine_type=data["machine_type"],
     )
 
 

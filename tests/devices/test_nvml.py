@@ -387,3 +387,30 @@ gpus:
     fake = fakenvml.FakeNvml(prof, overrides=no_table)
     derived = nvml.PynvmlBackend.create(nvml=fake, sysfs=sysfs).discover()
     assert [m.profile for m in derived.gpu(0).mig_devices] == ["1g.10gb", "1g.10gb"]
+
+
+def test_mig_capable_gpu_with_mig_mode_off() -> None:
+    """A100/H100 class GPUs answer their MIG mode (disabled) where older ones say NotSupported."""
+    prof = profiles.load_builtin("dgx-h100")
+    fake = fakenvml.FakeNvml(prof)
+    fake.nvmlInit()
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+    assert fake.nvmlDeviceGetMigMode(handle) == [
+        nvml.NVML_DEVICE_MIG_DISABLE,
+        nvml.NVML_DEVICE_MIG_DISABLE,
+    ]
+    with pytest.raises(nvml.NVMLError_NotSupported):
+        fake.nvmlDeviceGetMaxMigDeviceCount(handle)  # no MIG devices to walk while it is off
+    devices = nvml.PynvmlBackend(nvml=fake, sysfs=fakenvml.ProfileSysfs(prof)).discover()
+    assert all(g.mig_capable and not g.mig_enabled for g in devices.gpus)
+    assert devices.machine_type == "DGX H100"
+    l4 = nvml.PynvmlBackend.create(
+        nvml=fakenvml.FakeNvml(profiles.load_builtin("pcie-l4")),
+        sysfs=fakenvml.ProfileSysfs(profiles.load_builtin("pcie-l4")),
+    ).discover()
+    assert not any(g.mig_capable for g in l4.gpus)
+    mig = nvml.PynvmlBackend.create(
+        nvml=fakenvml.FakeNvml(profiles.load_builtin("a100-mig")),
+        sysfs=fakenvml.ProfileSysfs(profiles.load_builtin("a100-mig")),
+    ).discover()
+    assert all(g.mig_capable and g.mig_enabled for g in mig.gpus)

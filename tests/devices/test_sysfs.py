@@ -50,3 +50,17 @@ def test_backend_falls_back_to_sysfs_for_numa(tmp_path: Path) -> None:
         "pci0000:17", "pci0000:31", "pci0000:b1", "pci0000:ca",
     ]  # fmt: skip
     backend.close()
+
+
+def test_machine_type_from_dmi(tmp_path: Path) -> None:
+    host = sysfs.HostSysfs(root=tmp_path)
+    assert host.machine_type() is None  # no DMI (a VM without it, a container without /sys)
+    dmi = tmp_path / "class" / "dmi" / "id"
+    dmi.mkdir(parents=True)
+    (dmi / "product_name").write_text("   \n")
+    assert host.machine_type() is None
+    (dmi / "product_name").write_text("DGX H100\n")
+    assert host.machine_type() == "DGX H100"
+    prof = profiles.load_builtin("pcie-l4")
+    backend = nvml.PynvmlBackend.create(nvml=fakenvml.FakeNvml(prof), sysfs=host)
+    assert backend.discover().machine_type == "DGX H100"  # the host's, not the profile's

@@ -1,5 +1,5 @@
-"""Atomic writes (unnamed file + link, or named temporary + rename) and the group-committed
-directory sync, on real files."""
+"""Atomic writes (named temporary + rename; unnamed file + link only for create_open) and the
+group-committed directory sync, on real files."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from dra_driver.driver import atomicfile
 
 @pytest.fixture(params=["unnamed", "named"])
 def how(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Both ways of writing: O_TMPFILE + link where supported, and the portable fallback."""
+    """create_open's two ways: O_TMPFILE + link where supported, and the portable fallback
+    (write_bytes must behave the same, always named, whichever is available)."""
     if request.param == "named":
         monkeypatch.setitem(atomicfile._unnamed, "supported", False)
     elif not atomicfile._unnamed["supported"]:
@@ -43,16 +44,16 @@ def test_new_and_replaced_files_have_exactly_the_content(
 ) -> None:
     target = tmp_path / "a.json"
     seen = calls(monkeypatch, "link", "replace", "fsync")
-    atomicfile.write_bytes(target, b"one\n", durable=durable, new=True, mode=0o600)
+    atomicfile.write_bytes(target, b"one\n", durable=durable, mode=0o600)
     assert target.read_bytes() == b"one\n"
     assert target.stat().st_mode & 0o777 == 0o600
-    step = "link" if how == "unnamed" else "replace"  # a new name: one directory operation
-    assert seen == (["fsync", step, "fsync"] if durable else [step])
+    # Always a named temporary renamed into place (never a link: watchers need the rename).
+    assert seen == (["fsync", "replace", "fsync"] if durable else ["replace"])
     seen.clear()
     atomicfile.write_bytes(target, b"two\n", durable=durable)
     assert target.read_bytes() == b"two\n"
     assert seen.count("replace") == 1 and seen.count("fsync") == 2 * durable
-    atomicfile.write_json(target, {"k": [1, 2]}, new=True)  # "new" but exists: still replaced
+    atomicfile.write_json(target, {"k": [1, 2]})
     assert target.read_text() == '{"k":[1,2]}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]  # no temporaries left
     assert atomicfile.remove(target, durable=durable) and not atomicfile.remove(target)
@@ -73,7 +74,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
     with pytest.raises(FileNotFoundError):
-        atomicfile.write_bytes(tmp_path / "missing-dir" / "x", b"x", new=True)
+        atomicfile.write_bytes(tmp_path / "missing-dir" / "x", b"x")
 
 
 def test_stale_named_temporaries_are_swept_by_prefix(tmp_path: Path) -> None:
@@ -103,7 +104,7 @@ def test_directory_sync_is_shared_by_concurrent_committers(
         threading.Thread(
             target=atomicfile.write_bytes,
             args=(tmp_path / f"{i}", b"x"),
-            kwargs={"dir_sync": group, "new": True},
+            kwargs={"dir_sync": group},
         )
         for i in range(16)
     ]

@@ -59,6 +59,26 @@ def test_get_claim_and_node(server: fakeserver.FakeApiServer, kube: client.KubeC
         kube.get_node("n2")
 
 
+def test_patch_node_is_a_merge_patch(
+    server: fakeserver.FakeApiServer, kube: client.KubeClient
+) -> None:
+    server.api.put_node("n1", labels={"team": "a", "old": "x"})
+    node = kube.patch_node(
+        "n1", {"metadata": {"labels": {"nvidia.com/gpu.count": "8", "old": None}}}
+    )
+    assert node["metadata"]["labels"] == {"team": "a", "nvidia.com/gpu.count": "8"}
+    assert server.api.get_node("n1")["metadata"]["labels"] == node["metadata"]["labels"]
+    with pytest.raises(api.Invalid, match=r'Node "n1" is invalid: metadata\.labels') as bad:
+        kube.patch_node("n1", {"metadata": {"labels": {"nvidia.com/x": "not valid!"}}})
+    assert bad.value.status == 422 and not bad.value.retriable
+    with pytest.raises(api.NotFound, match='nodes "n2" not found'):
+        kube.patch_node("n2", {"metadata": {"labels": {"a": "b"}}})
+    rv = node["metadata"]["resourceVersion"]
+    kube.patch_node("n1", {"metadata": {"labels": {"x": "1"}}})
+    with pytest.raises(api.Conflict):
+        kube.patch_node("n1", {"metadata": {"resourceVersion": rv, "labels": {"x": "2"}}})
+
+
 def test_writes_and_their_errors(
     server: fakeserver.FakeApiServer, kube: client.KubeClient, make_slice: SliceFactory
 ) -> None:

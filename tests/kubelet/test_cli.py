@@ -130,3 +130,27 @@ def test_bad_pod_uid_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> Non
         == 2
     )
     assert "--pod-uid 'a/b': not a pod UID" in capsys.readouterr().err
+
+
+def test_node_label_flags_and_their_twins(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for env in ("NODE_LABELS", "NODE_LABELS_RESYNC"):
+        monkeypatch.delenv(env, raising=False)
+    s = parse(["--node-name", "n1"])
+    assert (s.node_labels, s.node_labels_resync_s) == (True, 60.0)  # on by default
+    assert parse(["--node-name", "n1", "--node-labels=false"]).node_labels is False
+    assert parse(["--node-name", "n1", "--node-labels"]).node_labels is True
+    monkeypatch.setenv("NODE_LABELS", "false")
+    monkeypatch.setenv("NODE_LABELS_RESYNC", "2.5")
+    s = parse(["--node-name", "n1"])
+    assert (s.node_labels, s.node_labels_resync_s) == (False, 2.5)
+    assert parse(["--node-name", "n1", "--node-labels=true"]).node_labels is True
+    for bad, needle in (
+        (["--node-labels=maybe"], "'maybe' is not true or false"),
+        (["--node-labels-resync", "0"], "'0' must be more than 0 seconds"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            parse(["--node-name", "n1", *bad])
+        assert exited.value.code == 2
+        assert needle in capsys.readouterr().err

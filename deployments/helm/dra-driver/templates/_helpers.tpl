@@ -37,6 +37,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{- define "dra-driver.devicePluginServiceAccountName" -}}
+{{- printf "%s-device-plugin" (include "dra-driver.serviceAccountName" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The node-label settings both agents read (NODE_LABELS only to turn them off). */}}
+{{- define "dra-driver.nodeLabelsEnv" -}}
+{{- if not .Values.nodeLabels.enabled }}
+- name: NODE_LABELS
+  value: "false"
+{{- end }}
+- name: NODE_LABELS_RESYNC
+  value: {{ .Values.nodeLabels.resyncSeconds | quote }}
+{{- end -}}
+
 {{- define "dra-driver.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}

@@ -1,76 +1,40 @@
-"""``dra-driver demo``: the whole node pipeline on fake GPUs, as a readable walk-through.
-
-Why it exists: it is the project's main job on a machine with no cluster and no GPU. Nothing in
-it is mocked beyond what cannot run here: the GPUs come from a fake profile through the same
-NVML code path as real ones, the Kubernetes API is the in-memory API server behind real HTTP on
-loopback, and the kubelet is :mod:`dra_driver.kubelet.sim` talking gRPC over the plugin's real
-unix sockets. The node agent runs as its own process, exactly as in the DaemonSet.
+"""The core demo scene: one node through the whole pipeline, with the shipped example claims.
 
 Steps: discover → the agent publishes ResourceSlices → the example claims are allocated (the
-structured-parameters allocator playing the scheduler) → the kubelet registers the plugin,
-prepares every allocated claim (CDI specs appear), unprepares them (specs go) → SIGTERM.
-The exit code is 0 only when every step did what it must.
+structured-parameters allocator playing kube-scheduler) in two waves of pods → the kubelet
+registers the plugin, prepares every allocated claim (CDI specs appear), unprepares them (specs
+go) → SIGTERM.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import signal
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import yaml
 
 from dra_driver import examples
 from dra_driver.allocation import allocator, pools, simulator
 from dra_driver.cli import discover
-from dra_driver.devices import fake, topology
+from dra_driver.demo import report as reporting
+from dra_driver.demo import rig as rigging
+from dra_driver.devices import fake, model, topology
 from dra_driver.driver import claims
-from dra_driver.fakeapi import fakeserver, memory
-from dra_driver.kube import api as kube
+from dra_driver.fakeapi import memory
 from dra_driver.kubelet import sim
 
-DEFAULT_PROFILE = "dgx-h100"
 # The shipped examples in two waves of pods: the first wave's pods finish (their claims are
 # unprepared and deleted) before the second wave arrives, as on a busy node.
 WAVES = (
     ("one-gpu", "two-gpus-nvlink", "gpus-one-numa-node"),
     ("h100-40gi", "shared-by-two-containers", "h100-or-any-gpu", "mig-1g", "cannot-fit"),
 )
-NAMESPACE = "demo"
-
-
-@dataclasses.dataclass
-class Report:
-    """Prints the walk-through and remembers every check that failed."""
-
-    out: TextIO
-    problems: list[str] = dataclasses.field(default_factory=list)
-    step: int = 0
-
-    def section(self, title: str) -> None:
-        self.step += 1
-        self.out.write(f"\n== {self.step}. {title}\n")
-
-    def say(self, text: str = "") -> None:
-        self.out.write(text + "\n")
-
-    def block(self, text: str, indent: str = "    ") -> None:
-        for line in text.rstrip("\n").splitlines():
-            self.out.write(indent + line + "\n")
-
-    def check(self, ok: bool, text: str) -> bool:
-        self.out.write(f"  [{'ok' if ok else 'FAILED'}] {text}\n")
-        if not ok:
-            self.problems.append(text)
-        return ok
+NAMESPACE = rigging.NAMESPACE
+Report = reporting.Report
 
 
 @dataclasses.dataclass
@@ -87,86 +51,28 @@ class Claim:
         return claims.ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
-def run(
-    *,
-    backend: fake.FakeBackend,
-    node_name: str,
-    driver_name: str,
-    out: TextIO,
-    keep: Path | None = None,
-) -> int:
-    """Run the walk-through; returns the exit code (0 = every check passed)."""
-    report = Report(out=out)
-    with _workdir(keep) as base:
-        report.say(
-            f"dra-driver demo: node {node_name!r}, driver {driver_name!r}, "
-            f"fake profile {backend.profile.name!r}; working directory {base}"
-        )
-        devices = backend.discover()
-        report.section("Discover the node's GPUs (fake NVML, same code path as real GPUs)")
-        report.block(discover.render_table(devices, topology.build(devices)))
-
-        server = fakeserver.FakeApiServer(memory.InMemoryApi()).start()
-        try:
-            server.api.put_node(node_name, uid=str(uuid.uuid4()))
-            server.api.put_namespace(NAMESPACE)
-            kubeconfig = server.write_kubeconfig(base / "kubeconfig")
-            profile_file = base / "profile.yaml"
-            profile_file.write_text(
-                yaml.safe_dump(
-                    backend.profile.model_dump(mode="json", by_alias=True, exclude_none=True)
-                ),
-                encoding="utf-8",
-            )
-            plugin = sim.PluginProcess(
-                base=base,
-                kubeconfig=kubeconfig,
-                node=node_name,
-                driver=driver_name,
-                fake_file=profile_file,
-                publish=True,
-            )
-            plugin.start()
-            try:
-                _pipeline(
-                    report,
-                    server.api,
-                    plugin,
-                    devices_count=len(devices.gpus),
-                    node_name=node_name,
-                    driver_name=driver_name,
-                    node_devices=devices,
-                )
-            finally:
-                _stop_plugin(report, plugin)
-        finally:
-            server.stop()
-    if report.problems:
-        report.say(f"\ndemo FAILED: {len(report.problems)} check(s) failed:")
-        for problem in report.problems:
-            report.say(f"  - {problem}")
-        return 1
-    report.say("\ndemo OK: every step did what it must.")
-    return 0
-
-
-def _pipeline(
-    report: Report,
-    api: memory.InMemoryApi,
-    plugin: sim.PluginProcess,
-    *,
-    devices_count: int,
-    node_name: str,
-    driver_name: str,
-    node_devices: Any,
+def scene(
+    report: Report, *, base: Path, backend: fake.FakeBackend, node_name: str, driver_name: str
 ) -> None:
+    """Discover, publish, allocate the examples in two waves, prepare and unprepare them."""
+    devices = backend.discover()
+    report.section("Discover the node's GPUs (fake NVML, same code path as real GPUs)")
+    report.block(discover.render_table(devices, topology.build(devices)))
+    with rigging.node(
+        report, base=base, backend=backend, node_name=node_name, driver_name=driver_name
+    ) as rig:
+        _pipeline(report, rig, node_devices=devices)
+
+
+def _pipeline(report: Report, rig: rigging.Rig, *, node_devices: model.NodeDevices) -> None:
+    api, plugin = rig.api, rig.plugin
+    node_name, driver_name = rig.node_name, rig.driver_name
     report.section("Start the node agent (kubelet plugin + ResourceSlice publisher)")
-    plugin.wait_ready()
     report.say(
         f"  dra-driver kubelet-plugin running as pid {plugin.proc.pid if plugin.proc else '?'}"
         f"; log: {plugin.log_path}"
     )
-    slices = _wait_for_slices(api, driver_name=driver_name, node_name=node_name)
+    slices = rig.slices()
     published = sum(len(s["spec"].get("devices", [])) for s in slices)
     report.check(
         bool(slices),
@@ -178,7 +84,7 @@ def _pipeline(
     report.check(api.writes == writes, "no further API writes while nothing changes")
     report.section("The ResourceSlices as the API server stores them")
     for obj in slices:
-        report.block(yaml.safe_dump(_trim(obj), sort_keys=False))
+        report.block(yaml.safe_dump(rigging.trim(obj), sort_keys=False))
 
     kubelet = sim.KubeletSim(plugin.registry_dir)
     try:
@@ -225,7 +131,7 @@ def _allocate(
     out: list[Claim] = []
     for name in names:
         docs = examples.load(name)
-        created = api.create_resource_claim(_claim_from(docs, example=name))
+        created = api.create_resource_claim(rigging.claim_from(docs, name=name))
         claim = Claim(example=name, obj=created)
         outcome = allocator.allocate(
             created,
@@ -294,14 +200,14 @@ def _prepare_all(
                 f"      {dev.device_name}: requests {list(dev.request_names) or ['(all)']}"
                 f", CDI {list(dev.cdi_device_ids)}"
             )
-        spec = _spec_file(plugin, ref.uid)
+        spec = rigging.spec_file(plugin, ref.uid)
         report.check(spec is not None, f"{claim.example}: CDI spec written")
     if allocated and wave == 1:
         first = allocated[0].ref
         again = kubelet.prepare([first]).claims[first.uid]
         report.check(not again.error, "preparing the first claim again is idempotent")
         shown = next((c for c in allocated if c.example == "two-gpus-nvlink"), allocated[0])
-        spec = _spec_file(plugin, shown.ref.uid)
+        spec = rigging.spec_file(plugin, shown.ref.uid)
         if spec is not None:
             report.say(f"\n  CDI spec of {shown.example}: {spec}")
             report.block(json.dumps(json.loads(spec.read_text()), indent=2), indent="    ")
@@ -321,43 +227,13 @@ def _unprepare_all(
     for claim in allocated:
         error = answer.claims[claim.ref.uid].error if answer else ""
         report.check(
-            not error and _spec_file(plugin, claim.ref.uid) is None,
+            not error and rigging.spec_file(plugin, claim.ref.uid) is None,
             f"{claim.example}: unprepared, CDI spec removed"
             + (f" — error: {error}" if error else ""),
         )
     if refs:
         again = kubelet.unprepare(refs[:1]).claims[refs[0].uid]
         report.check(not again.error, "unpreparing again is a no-op success")
-
-
-def _stop_plugin(report: Report, plugin: sim.PluginProcess) -> None:
-    if plugin.proc is None or plugin.proc.poll() is not None:
-        report.check(False, f"node agent still running at the end\n{plugin.log()[-2000:]}")
-        return
-    report.section("Stop the node agent (SIGTERM)")
-    plugin.signal(signal.SIGTERM)
-    try:
-        code = plugin.wait(20)
-    except Exception:
-        plugin.kill()
-        code = -1
-    report.check(code == 0, f"exited with code {code}")
-    report.check(
-        not plugin.registration_socket.exists() and not plugin.dra_socket.exists(),
-        "its sockets are removed",
-    )
-
-
-def _claim_from(docs: list[dict[str, Any]], *, example: str) -> dict[str, Any]:
-    """A ResourceClaim from an example's first document (a claim or a template)."""
-    first = docs[0]
-    spec = first["spec"]["spec"] if first.get("kind") == "ResourceClaimTemplate" else first["spec"]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": example, "namespace": NAMESPACE},
-        "spec": spec,
-    }
 
 
 def _request_summary(obj: dict[str, Any]) -> str:
@@ -378,45 +254,3 @@ def _pod_summary(docs: list[dict[str, Any]]) -> str:
             request = f"/{ref['request']}" if ref.get("request") else ""
             uses.append(f"container {container['name']} → claim {ref['name']}{request}")
     return f"pod {pod['metadata']['name']}: " + ("; ".join(uses) or "no container uses it")
-
-
-def _wait_for_slices(
-    api: kube.KubeApi, *, driver_name: str, node_name: str, timeout_s: float = 15.0
-) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        slices, _ = api.list_resource_slices(driver=driver_name, node_name=node_name)
-        if slices or time.monotonic() > deadline:
-            return sorted(slices, key=lambda s: s["metadata"]["name"])
-        time.sleep(0.05)
-
-
-def _trim(obj: dict[str, Any]) -> dict[str, Any]:
-    """A slice without the server-managed metadata noise."""
-    meta = obj["metadata"]
-    keep = {k: meta[k] for k in ("name", "ownerReferences") if k in meta}
-    return {
-        "apiVersion": obj.get("apiVersion"),
-        "kind": obj.get("kind"),
-        "metadata": keep,
-        "spec": obj["spec"],
-    }
-
-
-def _spec_file(plugin: sim.PluginProcess, claim_uid: str) -> Path | None:
-    matches = sorted(plugin.cdi_root.glob(f"*_{claim_uid}.json"))
-    return matches[0] if matches else None
-
-
-@contextmanager
-def _workdir(keep: Path | None) -> Iterator[Path]:
-    if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
-        yield keep
-        return
-    # Short path under /tmp: unix socket paths are limited to 108 bytes.
-    base = Path(tempfile.mkdtemp(prefix="dra-demo-", dir="/tmp"))
-    try:
-        yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
