@@ -426,8 +426,8 @@ def _zero(typ: str) -> Any:
 
 
 def _zeroed(value: Any, typ: str) -> Any:
-    if typ == "json":
-        return value
+    """``value`` decoded as ``typ``; free-form JSON (never null here: null struct fields are
+    dropped before their value is looked at) passes through the last line unchanged."""
     if value is None:
         return _zero(typ)
     if typ.startswith("["):

@@ -370,3 +370,36 @@ def test_storage_form_prunes_inside_lists_and_maps() -> None:
         {"name": "gpu-0", "attributes": {"a": {"int": 1}}},
         {"name": "gpu-1", "capacity": {"m": {"value": "80"}}},
     ]
+
+
+def test_mismatches_of_lists_maps_and_structs_name_the_field_and_the_json_type() -> None:
+    cases = [
+        (slice_obj(devices="x"), "spec.devices", "string", "[]v1.Device"),
+        (
+            slice_obj(devices=[{"name": "gpu-0", "attributes": 3}]),
+            "spec.devices[0].attributes",
+            "number",
+            "map[string]v1.DeviceAttribute",
+        ),
+        (slice_obj(pool="n1"), "spec.pool", "string", "v1.ResourcePool"),
+    ]
+    for obj, path, got, go_type in cases:
+        (error,) = schema.decode_errors("ResourceSlice", obj)
+        assert error.path == path
+        assert error.detail.startswith(f"json: cannot unmarshal {got} into Go struct field ")
+        assert error.detail.endswith(f" of type {go_type}")
+
+
+def test_minutes_are_range_checked() -> None:
+    device = {"name": "gpu-0", "taints": [{"key": "k", "effect": "None"}]}
+    device["taints"][0]["timeAdded"] = "2026-11-22T00:60:00Z"
+    assert decode(slice_obj(devices=[device])) != []
+
+
+def test_storage_trims_quantities_and_keeps_free_json_whole() -> None:
+    device = {"name": "gpu-0", "capacity": {"memory": {"value": " 80Gi "}}}
+    stored = schema.storage_form("ResourceSlice", slice_obj(devices=[device]))
+    assert stored["spec"]["devices"][0]["capacity"]["memory"]["value"] == "80Gi"
+    params = {"a": {}, "b": [], "c": None, "d": {"e": []}}
+    cls = {"spec": {"config": [{"opaque": {"driver": "d", "parameters": params}}]}}
+    assert schema.storage_form("DeviceClass", cls) == cls
