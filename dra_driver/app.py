@@ -27,17 +27,17 @@ from typing import Any, Protocol
 
 import structlog
 
-from dra_driver import health_server, logs
+from dra_driver import health_server, healthcontrol, logs, nodehealth
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import backend as devices_backend
-from dra_driver.devices import control, health, model, nvml
+from dra_driver.devices import control, health, healthpolicy, model, nvml
 from dra_driver.driver import cdi, checkpoint, driverfiles, instances, inventory, sharing, state
 from dra_driver.driver import driver as driver_mod
 from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.nodelabels import agent as nodelabels
 from dra_driver.nodelabels import compute as labels_compute
-from dra_driver.slices import build, publisher
+from dra_driver.slices import build, publisher, republish, taints
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,6 +62,7 @@ class PluginSettings:
     publish: bool = True
     node_labels: bool = True  # keep this node's GPU labels (docs/labels.md) on its Node
     node_labels_resync_s: float = 60.0
+    health: healthpolicy.HealthPolicy = dataclasses.field(default_factory=healthpolicy.HealthPolicy)
 
     @property
     def plugin_dir(self) -> Path:
@@ -82,6 +83,11 @@ class PluginSettings:
             f"{self.driver_name}-{self.pod_uid}-reg.sock",
             f"{self._short_id}-reg.sock",
         )
+
+    @property
+    def health_socket(self) -> Path:
+        """Where ``discover`` and ``fake-event`` reach this agent (:mod:`.healthcontrol`)."""
+        return healthcontrol.dra_socket(self.plugin_dir, self._short_id if self.pod_uid else "")
 
     @property
     def lock_dir(self) -> Path:
@@ -123,10 +129,12 @@ def build_driver(
     log: structlog.typing.FilteringBoundLogger,
     gpu_control: control.GpuControl | None = None,
     metrics: metrics_mod.DriverMetrics | None = None,
+    device_taints: state.DeviceTaints | None = None,
 ) -> driver_mod.Driver:
     """The driver core for ``devices``, with its checkpoint recovered (usable without gRPC).
 
-    ``gpu_control`` (for tests) replaces the one :func:`gpu_control_for` picks."""
+    ``gpu_control`` (for tests) replaces the one :func:`gpu_control_for` picks;
+    ``device_taints`` (a device's taints now) makes prepare refuse untolerated taints."""
     mig_minors = None if settings.fake else inventory.read_mig_minors()
     files = driverfiles.discover(settings.driver_root, mount=settings.driver_root_mount)
     if not files:
@@ -162,6 +170,7 @@ def build_driver(
             gpu_control=gpu_control or gpu_control_for(settings, devices=devices, files=files),
             log=log,
         ),
+        device_taints=device_taints,
     )
     if locks is None:
         claim_state.recover()
@@ -209,18 +218,33 @@ def start_publisher(
     api: kube.KubeApi,
     log: structlog.typing.FilteringBoundLogger,
     on_pass: Callable[[publisher.Outcome | None], None] | None = None,
+    board: health.HealthBoard | None = None,
 ) -> Stoppable | None:
-    """Keep this node's ResourceSlices published (unless ``settings.publish`` is off)."""
+    """Keep this node's ResourceSlices published (unless ``settings.publish`` is off), with
+    the taints of ``board``'s unhealthy GPUs, re-published whenever the board changes."""
     if not settings.publish:
         log.info("not publishing ResourceSlices (disabled)")
         return None
-    return publisher.start_node_publisher(
+    snap = board.snapshot() if board is not None else None
+    pub = publisher.start_node_publisher(
         api=api,
         devices=devices,
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         log=log.bind(component="publisher"),
         on_pass=on_pass,
+        decorate=taints.decorator(snap, settings.driver_name) if snap else None,
+    )
+    if board is None or snap is None:
+        return pub
+    return republish.follow(
+        pub,
+        board=board,
+        built_at_version=snap.version,
+        devices=devices,
+        node_name=settings.node_name,
+        driver_name=settings.driver_name,
+        log=log.bind(component="publisher"),
     )
 
 
@@ -256,12 +280,13 @@ def run(
     log: structlog.typing.FilteringBoundLogger | None = None,
     metrics: metrics_mod.DriverMetrics | None = None,
     readiness: health_server.Readiness | None = None,
-    health_source: health.HealthSource | None = None,
+    health_source: health.HealthBoard | None = None,
 ) -> int:
     """Run the node agent until ``stop`` is set; returns the exit code.
 
     ``metrics`` and ``readiness`` (see :func:`new_readiness`) are fed as the agent runs;
-    ``health_source`` feeds the kubelet's device health stream (default: all healthy)."""
+    ``health_source`` is the board GPU health is tracked on (default: a new one), which feeds
+    the kubelet's device health stream, the slices' taints and prepare's taint check."""
     log = log or logs.get("kubelet-plugin")
     log = log.bind(driver=settings.driver_name, node=settings.node_name)
     metrics = metrics or metrics_mod.new()
@@ -272,16 +297,35 @@ def run(
         metrics.nvml_error("discover")
         raise StartupError(f"cannot discover GPUs: {exc}") from exc
     log.info("discovered devices", gpus=len(devices.gpus))
+    board = health_source or health.HealthBoard()
+    uuids = taints.published_uuids(
+        devices, node_name=settings.node_name, driver_name=settings.driver_name
+    )
     try:
-        driver = build_driver(settings, devices=devices, api=api, log=log, metrics=metrics)
+        driver = build_driver(
+            settings,
+            devices=devices,
+            api=api,
+            log=log,
+            metrics=metrics,
+            device_taints=taints.lookup(board, uuids, settings.driver_name),
+        )
     except OSError as exc:
         raise StartupError(f"cannot set up the plugin's files: {exc}") from exc
-
-    source = health_source or health.HealthBoard()
+    node_health = nodehealth.start(
+        policy=settings.health,
+        nvml_api=getattr(backend, "nvml_api", None),
+        devices=devices,
+        published={u for each in uuids.values() for u in each},
+        board=board,
+        log=log.bind(component="health"),
+        metrics=metrics,
+        socket=settings.health_socket,
+    )
     streams = health_service.HealthStreams(
         pool_name=settings.node_name,
         devices=health.device_keys(devices),
-        source=source,
+        source=board,
         log=log.bind(component="health"),
     )
     dra = server.UnixServer(
@@ -315,10 +359,11 @@ def run(
                 api=api,
                 log=log,
                 on_pass=lambda outcome: _published(outcome, metrics=metrics, readiness=readiness),
+                board=board,
             )
         except build.BuildError as exc:  # keep serving: prepared claims still need unprepare
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))
-        node_labels = start_node_labels(settings, devices=devices, api=api, source=source, log=log)
+        node_labels = start_node_labels(settings, devices=devices, api=api, source=board, log=log)
         cleanup.start()
         log.info(
             "kubelet plugin ready", dra_socket=str(dra.path), registration_socket=str(reg.path)
@@ -332,6 +377,7 @@ def run(
         if node_labels is not None:
             node_labels.stop()
         cleanup.stop()
+        node_health.stop()
         streams.stop()
         dra.stop(grace_s=5.0)
         driver.close()

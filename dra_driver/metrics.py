@@ -23,8 +23,17 @@ prepared_claims / prepared_devices         gauge
 resourceslice_publish_total                counter   result (success|error)
 resourceslices                             gauge     (slices in the last published state)
 nvml_errors_total                          counter   call (e.g. init, discover, health)
+device_health                              gauge     device, reason (1 healthy, 0 unhealthy)
+health_events_total                        counter   kind (xid|ecc|gpu-lost|...), xid, outcome
+device_recoveries_total                    counter   device (a GPU or MIG UUID's name)
 build_info                                 gauge     version (always 1)
 ========================================== ========= =========================================
+
+``device_health`` has one series per published device: ``reason=""`` and value 1 while it is
+healthy, value 0 and the conditions (``xid=79``, ``gpu-lost=lost``) while not; the old series is
+removed when the reason changes. Health event outcomes: ``unhealthy``, ``ignored`` (an ignored
+XID), ``unpublished`` (a device we do not publish), ``poll`` (sent to the poll to find the GPU),
+``unknown-device``.
 
 One *request* is one claim's prepare or unprepare (the kubelet batches claims in one RPC; the
 per-claim outcome is what an operator needs).
@@ -33,6 +42,7 @@ per-claim outcome is what an operator needs).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Literal
@@ -148,6 +158,29 @@ class DriverMetrics:
             namespace=namespace,
             registry=registry,
         )
+        self.device_health = prom.Gauge(
+            "device_health",
+            "1 while the device is healthy, 0 while not; reason names its conditions.",
+            ["device", "reason"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.health_events = prom.Counter(
+            "health_events",
+            "GPU health events (NVML) by kind, XID and what they caused.",
+            ["kind", "xid", "outcome"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.device_recoveries = prom.Counter(
+            "device_recoveries",
+            "Times a device became healthy again after being unhealthy.",
+            ["device"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self._health_lock = threading.Lock()
+        self._health_reason: dict[str, str] = {}
         build = prom.Gauge(
             "build_info",
             "Always 1; the label carries the driver version.",
@@ -233,6 +266,24 @@ class DriverMetrics:
         if not call or len(call) > 64:
             raise MetricsError(f"nvml error call name {call!r}: must be 1-64 characters")
         self.nvml_errors.labels(call=call).inc()
+
+    def set_device_health(self, device: str, reason: str) -> None:
+        """``device`` is healthy (``reason == ""``) or unhealthy for ``reason``."""
+        with self._health_lock:
+            old = self._health_reason.get(device)
+            if old == reason:
+                return
+            if old is not None:
+                self.device_health.remove(device, old)
+            self._health_reason[device] = reason
+            self.device_health.labels(device=device, reason=reason).set(0 if reason else 1)
+
+    def health_event(self, kind: str, xid: str, outcome: str) -> None:
+        """One NVML health event: its kind, the XID ("" for others) and what it caused."""
+        self.health_events.labels(kind=kind, xid=xid, outcome=outcome).inc()
+
+    def device_recovered(self, device: str) -> None:
+        self.device_recoveries.labels(device=device).inc()
 
 
 def _log_request(

@@ -150,3 +150,26 @@ def test_requests_reuse_the_cached_series_without_label_lookups(
     assert value(m, "dra_driver_request_duration_seconds_sum", operation="unprepare") >= 0.25
     assert value(m, "dra_driver_resourceslice_publish_total", result="error") == 1
     assert value(m, "dra_driver_resourceslice_publish_total", result="success") == 0
+
+
+def test_device_health_keeps_one_series_per_device(m: metrics.DriverMetrics) -> None:
+    m.set_device_health("gpu-0", "")
+    assert value(m, "dra_driver_device_health", device="gpu-0", reason="") == 1
+    m.set_device_health("gpu-0", "xid=79")
+    assert value(m, "dra_driver_device_health", device="gpu-0", reason="xid=79") == 0
+    assert (
+        m.registry.get_sample_value("dra_driver_device_health", {"device": "gpu-0", "reason": ""})
+        is None
+    )
+    m.set_device_health("gpu-0", "")
+    assert (
+        m.registry.get_sample_value(
+            "dra_driver_device_health", {"device": "gpu-0", "reason": "xid=79"}
+        )
+        is None
+    )
+    m.health_event("xid", "79", "unhealthy")
+    m.health_event("xid", "13", "ignored")
+    m.device_recovered("gpu-0")
+    assert value(m, "dra_driver_health_events_total", kind="xid", xid="13", outcome="ignored") == 1
+    assert value(m, "dra_driver_device_recoveries_total", device="gpu-0") == 1

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_driver.allocation import cel, claim, pools
+from dra_driver.apimachinery import taints
 
 
 class UnknownClassError(Exception):
@@ -126,14 +127,7 @@ class Selection:
 
     def taint_blocks(self, req: claim.Request, pos: int) -> Mapping[str, Any] | None:
         """The first NoSchedule/NoExecute taint of the device ``req`` does not tolerate."""
-        for taint in self.devices[pos].data.get("taints") or ():
-            if not isinstance(taint, Mapping):
-                continue
-            if taint.get("effect") not in ("NoSchedule", "NoExecute"):
-                continue
-            if not any(_tolerates(t, taint) for t in req.tolerations):
-                return taint
-        return None
+        return taints.first_untolerated(self.devices[pos].data.get("taints") or (), req.tolerations)
 
     def usable(self, req: claim.Request, pos: int) -> bool:
         """Free (or admin access), untainted for this request, and matching its selectors."""
@@ -142,18 +136,3 @@ class Selection:
         if self.taint_blocks(req, pos) is not None:
             return False
         return self.matches(req, pos)
-
-
-def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
-    effect = toleration.get("effect") or ""
-    if effect and effect != taint.get("effect"):
-        return False
-    key = toleration.get("key") or ""
-    if key and key != taint.get("key"):
-        return False
-    operator = toleration.get("operator") or "Equal"
-    if operator == "Exists":
-        return True
-    return bool(
-        operator == "Equal" and (toleration.get("value") or "") == (taint.get("value") or "")
-    )

@@ -28,6 +28,7 @@ SUMMARIES = {
     "demo": "run the whole node pipeline on fake GPUs (no cluster, no GPU needed)",
     "kubelet-plugin": "run the node agent: kubelet DRA plugin and slice publisher",
     "device-plugin": "serve nvidia.com/gpu through the kubelet device plugin API",
+    "fake-event": "make a fake GPU of a running node agent fail or recover (fake nodes)",
 }
 
 Handler = Callable[[argparse.Namespace], int]

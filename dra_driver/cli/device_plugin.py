@@ -19,8 +19,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
 
-from dra_driver import cli, health_server, logs, metrics
-from dra_driver.cli import common, labelflags
+from dra_driver import cli, health_server, healthcontrol, logs, metrics, nodehealth
+from dra_driver.cli import common, healthflags, labelflags
 from dra_driver.deviceplugin import allocate, app, cdi, inventory, registrar
 from dra_driver.devices import backend, health, model
 from dra_driver.driver import inventory as preparable
@@ -84,6 +84,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="none | single | mixed (env MIG_STRATEGY; default none)",
     )
     health_server.add_flags(parser)
+    healthflags.add_flags(parser)
     labelflags.add_flags(parser, api_access=True)
     parser.set_defaults(handler=run)
 
@@ -118,8 +119,10 @@ def run(args: argparse.Namespace) -> int:
     board = health.HealthBoard()
     try:
         config = config_from_args(args)
+        policy = healthflags.policy_from(args)
+        source = common.make_backend(args)
         try:
-            devices = common.make_backend(args).discover()
+            devices = source.discover()
         except backend.DiscoveryError:
             registry.nvml_error("discover")
             raise
@@ -149,6 +152,16 @@ def run(args: argparse.Namespace) -> int:
         if node_labels is not None:
             node_labels.stop()
         return common.fail(str(exc), code=1)
+    watching = nodehealth.start(
+        policy=policy,
+        nvml_api=getattr(source, "nvml_api", None),
+        devices=devices,
+        published={d.unit.uuid for r in plugin.resources for d in r.devices},
+        board=board,
+        log=logs.get("deviceplugin.health"),
+        metrics=registry,
+        socket=healthcontrol.device_plugin_socket(config.plugin_dir),
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -162,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
     except (cdi.CdiError, registrar.RegistrationError) as exc:
         return common.fail(str(exc), code=1)
     finally:
+        watching.stop()
+        board.close()
         http.stop()
         if node_labels is not None:
             node_labels.stop()

@@ -1,40 +1,53 @@
 """``dra-driver discover``: show what the driver sees on this node.
 
-The first thing an operator runs on a new node: one row per GPU and MIG device, the NVLink/PCIe
-matrix like ``nvidia-smi topo -m``, and the NVLink islands. ``--output json|yaml`` gives the full
-device model with stable field names (docs/discover.md).
+The first thing an operator runs on a new node: one row per GPU and MIG device with its health,
+the NVLink/PCIe matrix like ``nvidia-smi topo -m``, and the NVLink islands. ``--output json|yaml``
+gives the full device model with stable field names (docs/discover.md). Health is what NVML shows
+right now (lost, pages pending retirement, row remapping, fabric, recovery action); pointed at a
+running node agent (its ``--kubelet-plugins-dir`` or ``--device-plugin-dir``) it is the agent's
+view instead: XIDs seen, hold times, recoveries (docs/health.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
 import yaml
 
-from dra_driver import cli
-from dra_driver.cli import common
-from dra_driver.devices import backend, model, topology
+from dra_driver import cli, healthcontrol
+from dra_driver.cli import agentflags, common
+from dra_driver.devices import backend, health, model, topology
+
+# UUID → {"health", "conditions": [{kind, value, effect, message}], "source", ...}
+HealthView = dict[str, dict[str, Any]]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("discover", help=cli.SUMMARIES["discover"])
     common.add_backend_flags(parser)
     parser.add_argument("--output", "-o", choices=("table", "json", "yaml"), default="table")
+    agentflags.add(parser, explicit_only=True)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        devices = common.make_backend(args).discover()
+        source = common.make_backend(args)
+        devices = source.discover()
     except (common.UsageError, backend.DiscoveryError) as exc:
         return common.fail(str(exc))
+    try:
+        view = health_view(args, source, devices)
+    except healthcontrol.ControlError as exc:
+        return common.fail(str(exc), code=1)
     topo = topology.build(devices)
     if args.output == "table":
-        print(render_table(devices, topo))
+        print(render_table(devices, topo, view))
     else:
-        doc = as_document(devices, topo)
+        doc = as_document(devices, topo, view)
         if args.output == "json":
             print(json.dumps(doc, indent=2, sort_keys=False))
         else:
@@ -42,10 +55,68 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def as_document(devices: model.NodeDevices, topo: topology.Topology) -> dict[str, Any]:
-    """The full model plus derived topology, as documented in docs/discover.md."""
+def health_view(
+    args: argparse.Namespace, source: backend.Backend, devices: model.NodeDevices
+) -> HealthView:
+    """Each GPU's and MIG device's health: from the node agent when pointed at one, else what
+    NVML shows now. A MIG device also carries its GPU's conditions."""
+    from dra_driver import nodehealth
+
+    own: dict[str, list[dict[str, Any]]] = {}
+    extra: dict[str, dict[str, Any]] = {}
+    if agentflags.given(args):
+        path = agentflags.sockets(args)[0]
+        for status in healthcontrol.request(path, {"op": "status"})["devices"]:
+            own[status["uuid"]] = status["conditions"]
+            extra[status["uuid"]] = {
+                "recoveries": status["recoveries"],
+                "holdLeftSeconds": status["holdLeftSeconds"],
+            }
+        origin = "agent"
+    else:
+        api = getattr(source, "nvml_api", None)
+        found = nodehealth.probe(api, devices) if api is not None else {}
+        own = {u: [dataclasses.asdict(c) for c in cs] for u, cs in found.items()}
+        origin = "nvml" if api is not None else "none"
+    view: HealthView = {}
+    for gpu in devices.gpus:
+        for uuid, conditions in [(gpu.uuid, own.get(gpu.uuid, []))] + [
+            (m.uuid, own.get(m.uuid, []) + own.get(gpu.uuid, [])) for m in gpu.mig_devices
+        ]:
+            view[uuid] = {
+                "health": health.UNHEALTHY if conditions else health.HEALTHY,
+                "conditions": conditions,
+                "source": origin,
+                **extra.get(uuid, {}),
+            }
+    return view
+
+
+def _health_cell(view: HealthView | None, uuid: str) -> str:
+    entry = (view or {}).get(uuid)
+    if entry is None:
+        return "-"
+    status = str(entry["health"])
+    if not entry["conditions"]:
+        return status
+    kinds = ",".join(
+        f"{c['kind']}={c['value']}" if c["value"] else c["kind"] for c in entry["conditions"]
+    )
+    return f"{status} ({kinds})"
+
+
+def as_document(
+    devices: model.NodeDevices, topo: topology.Topology, view: HealthView | None = None
+) -> dict[str, Any]:
+    """The full model plus derived topology and health, as documented in docs/discover.md."""
+    gpus = [model.to_dict(g) for g in devices.gpus]
+    if view is not None:
+        for gpu, doc in zip(devices.gpus, gpus, strict=True):
+            doc["health"] = view.get(gpu.uuid)
+            for mig, mig_doc in zip(gpu.mig_devices, doc["mig_devices"], strict=True):
+                mig_doc["health"] = view.get(mig.uuid)
     return {
-        "gpus": [model.to_dict(g) for g in devices.gpus],
+        "gpus": gpus,
         "topology": {
             "islands": [{"id": isl.id, "gpus": list(isl.gpu_indices)} for isl in topo.islands],
             "pairs": [
@@ -61,8 +132,11 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
-def render_table(devices: model.NodeDevices, topo: topology.Topology) -> str:
-    rows = [["DEVICE", "PRODUCT", "MEMORY", "UUID", "PCI", "NUMA", "NVLINK", "ISLAND"]]
+def render_table(
+    devices: model.NodeDevices, topo: topology.Topology, view: HealthView | None = None
+) -> str:
+    """The table; with ``view`` a HEALTH column (``Unhealthy (xid=79)``)."""
+    rows = [["DEVICE", "PRODUCT", "MEMORY", "UUID", "PCI", "NUMA", "NVLINK", "ISLAND", "HEALTH"]]
     for g in devices.gpus:
         rows.append(
             [
@@ -74,6 +148,7 @@ def render_table(devices: model.NodeDevices, topo: topology.Topology) -> str:
                 "-" if g.numa_node is None else str(g.numa_node),
                 str(g.active_links),
                 topo.island_of.get(g.index, "-"),
+                _health_cell(view, g.uuid),
             ]
         )
         for m in g.mig_devices:
@@ -87,8 +162,11 @@ def render_table(devices: model.NodeDevices, topo: topology.Topology) -> str:
                     "",
                     "",
                     "",
+                    _health_cell(view, m.uuid),
                 ]
             )
+    if view is None:
+        rows = [r[:-1] for r in rows]
     out = [_columns(rows), ""]
     header = [""] + [f"GPU{i}" for i in topo.indices] + ["NUMA"]
     matrix = [header]

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from dra_driver import app, cli, health_server, logs, metrics
-from dra_driver.cli import common, labelflags
+from dra_driver.cli import common, healthflags, labelflags
 from dra_driver.devices import backend
 from dra_driver.driver import checkpoint
 from dra_driver.kubelet import server
@@ -105,6 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     common.add_backend_flags(parser)
     health_server.add_flags(parser)
+    healthflags.add_flags(parser)
     labelflags.add_flags(parser)
     parser.set_defaults(handler=run)
 
@@ -132,6 +133,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         serial=args.serial,
         cleanup_interval_s=args.cleanup_interval,
         publish=not args.no_publish,
+        health=healthflags.policy_from(args),
         node_labels=args.node_labels,
         node_labels_resync_s=args.node_labels_resync,
     )

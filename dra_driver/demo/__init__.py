@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
+from dra_driver.demo import health, walkthrough
 from dra_driver.demo import report as reporting
-from dra_driver.demo import walkthrough
 from dra_driver.devices import fake
 
 DEFAULT_PROFILE = "dgx-h100"
@@ -38,7 +38,10 @@ class Scene:
 
 
 # The core scene first; later scenes (topology, health, sharing, MIG) append themselves here.
-SCENES: tuple[Scene, ...] = (Scene("core", walkthrough.scene, own_profile=False),)
+SCENES: tuple[Scene, ...] = (
+    Scene("core", walkthrough.scene, own_profile=False),
+    Scene("health", health.scene, own_profile=True),
+)
 
 
 def scene_names() -> list[str]:

@@ -29,6 +29,11 @@ class FakeBackend:
     def from_file(cls, path: Path) -> FakeBackend:
         return cls(profiles.load_file(path))
 
+    @property
+    def nvml_api(self) -> fakenvml.FakeNvml:
+        """The stand-in, for the health watcher (same calls as real NVML) and fake events."""
+        return self.nvml
+
     def discover(self) -> model.NodeDevices:
         if self._backend is None:
             self._backend = nvml.PynvmlBackend.create(

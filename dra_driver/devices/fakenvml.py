@@ -8,6 +8,7 @@ pynvml) where real NVML would: NotSupported for NVLink on cards without it, fabr
 outside a multi-node fabric, a NUMA id the profile does not give, MIG on GPUs that are neither in
 MIG mode (``mig``) nor MIG-capable (``migCapable``).
 Tests inject failures: an init error, a failing GPU, a failing call, or any function replaced.
+Run-time GPU failures (NVML events, lost GPUs, ...) are the mixin :mod:`.fakefaults`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dra_driver.devices import nvml, profiles
+from dra_driver.devices import fakefaults, nvml, profiles
 
 Failure = Exception | type[Exception]
 _UNKNOWN_ARCH = 0xFFFFFFFF
@@ -70,7 +71,7 @@ def _reverse(names: Mapping[int, str], what: str, value: str, source: str) -> in
         ) from None
 
 
-class FakeNvml:
+class FakeNvml(fakefaults.FakeHealth):
     """A pynvml look-alike for one profile; pass it to ``PynvmlBackend.create(nvml=...)``.
 
     ``init_error`` makes ``nvmlInit`` fail (e.g. ``nvml.NVMLError_LibraryNotFound``); ``fail``
@@ -93,6 +94,7 @@ class FakeNvml:
         self.fail_calls = dict(fail_calls or {})
         self._inits = 0
         self._pos = {profile.gpu_index(p): p for p in range(len(profile.gpus))}
+        self._init_health(len(profile.gpus))
         self._bus = [_nvml_bus_id(g.pci_bus_id) for g in profile.gpus]
         self._migs = [sorted(g.mig or (), key=lambda m: m.placement_start) for g in profile.gpus]
         self._gi_profiles = [self._profile_table(migs) for migs in self._migs]
@@ -151,6 +153,7 @@ class FakeNvml:
     def _enter(self, name: str, handle: object = None) -> None:
         if self._inits <= 0:
             raise nvml.NVMLError_Uninitialized()
+        handle = self._resolve(handle)
         index = None
         if isinstance(handle, _Device):
             index = handle.index
@@ -162,9 +165,19 @@ class FakeNvml:
             failure = self.fail_calls.get((index, name)) or self.fail.get(index)
             if failure is not None:
                 _raise(failure)
+            if index in self._pos:
+                self._check_lost(self._pos[index])
+
+    def _resolve(self, handle: object) -> object:
+        """An event's ``c_nvmlDevice_t`` → the GPU handle it stands for."""
+        pos = self._pointer_pos(handle)
+        if pos is None or not 0 <= pos < len(self.profile.gpus):
+            return handle
+        return _Device(index=self.profile.gpu_index(pos), pos=pos)
 
     def _device(self, name: str, handle: object) -> _Device:
         self._enter(name, handle)
+        handle = self._resolve(handle)
         if not isinstance(handle, _Device):
             raise nvml.NVMLError_InvalidArgument()
         return handle
@@ -223,6 +236,7 @@ class FakeNvml:
         return dev.index if minor is None else minor
 
     def nvmlDeviceGetUUID(self, handle: object) -> str:
+        handle = self._resolve(handle)
         if isinstance(handle, _MigHandle):
             self._enter("nvmlDeviceGetUUID", handle)
             pos = handle.parent.pos
@@ -288,6 +302,7 @@ class FakeNvml:
         target.status = nvml.NVML_SUCCESS
         target.cliqueId = fabric.clique_id
         target.state = _reverse(nvml.FABRIC_STATES, "fabric state", fabric.state, "")
+        self._fabric_health(dev.pos, target)
         return nvml.NVML_SUCCESS
 
     def nvmlDeviceGetTopologyCommonAncestor(self, handle1: object, handle2: object) -> int:

@@ -1,26 +1,48 @@
-"""Device health both agents report: a versioned set of unhealthy UUIDs.
+"""Device health both agents report: a versioned set of unhealthy UUIDs and why.
 
 Why: the device plugin's ListAndWatch and the DRA health stream (``NodeWatchResources``) must
-resend the full device list whenever a GPU turns unhealthy *or* healthy again, and several
-streams (one per resource or API version, a new one after every kubelet restart) watch the same
-facts. A :class:`HealthSource` gives them a snapshot plus a blocking "wait until it changed";
-whatever detects health (the fake backend's switch today, NVML XID events later) feeds a
-:class:`HealthBoard`. Keyed by GPU or MIG UUID; a MIG device also follows its parent GPU
-(:func:`device_keys`).
+resend the full device list whenever a GPU turns unhealthy *or* healthy again, the slice
+publisher must re-publish with device taints, and several streams (one per resource or API
+version, a new one after every kubelet restart) watch the same facts. A :class:`HealthSource`
+gives them a snapshot plus a blocking "wait until it changed"; whatever detects health (the NVML
+watcher, :mod:`dra_driver.devices.watcher`, over real or fake GPUs) writes a :class:`HealthBoard`.
+Keyed by GPU or MIG UUID; a MIG device also follows its parent GPU (:func:`device_keys`).
+
+Change notification, for consumers that react rather than poll (slice re-publishing, node
+labels): :meth:`HealthBoard.subscribe` registers a callback that is called with the new
+:class:`Snapshot` after every change, in the thread that made the change, outside the board's
+lock. It must return quickly (hand work to your own thread) and should not raise (exceptions are
+logged and ignored). :meth:`HealthBoard.wait_changed` is the blocking alternative.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol
 
+from dra_driver import logs
 from dra_driver.devices import model
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+_log = logs.get("health")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Condition:
+    """One reason a GPU or MIG device is unhealthy; also what its device taint says.
+
+    ``kind`` names the taint key under the driver's domain (``gpu.nvidia.com/<kind>``),
+    ``value`` the taint value (an XID, or a short reason), ``effect`` the taint effect.
+    """
+
+    kind: str  # "xid", "ecc", "gpu-lost", "retired-pages", "row-remap", "fabric", ...
+    value: str  # "79", "double-bit", "pending", ...
+    effect: str  # "NoSchedule" | "NoExecute" | "None"
+    message: str  # for people: the health stream's message, logs, discover
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -29,6 +51,9 @@ class Snapshot:
 
     version: int
     unhealthy: Mapping[str, str]
+    conditions: Mapping[str, tuple[Condition, ...]] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     def is_healthy(self, keys: Iterable[str]) -> bool:
         return not any(k in self.unhealthy for k in keys)
@@ -55,33 +80,42 @@ class HealthSource(Protocol):
 class HealthBoard:
     """A thread-safe :class:`HealthSource` that producers mark devices on.
 
-    The fake backend's health switch is exactly this: tests and demos call
-    :meth:`mark_unhealthy` / :meth:`mark_healthy`; a future NVML event watcher will do the same.
-    Marking a device with the state it already has changes nothing (no spurious resend).
+    The NVML watcher sets each UUID's conditions (:meth:`set_conditions`); tests and tools may
+    use the simpler :meth:`mark_unhealthy` / :meth:`mark_healthy`. Setting what is already
+    there changes nothing (no version bump, no notification, no spurious resend).
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._version = 0
-        self._unhealthy: dict[str, str] = {}
+        self._conditions: dict[str, tuple[Condition, ...]] = {}
         self._closed = False
+        self._subscribers: list[Callable[[Snapshot], None]] = []
+
+    def set_conditions(self, uuid: str, conditions: Sequence[Condition]) -> bool:
+        """Make ``conditions`` the reasons ``uuid`` is unhealthy (empty: healthy again);
+        returns whether anything changed."""
+        wanted = tuple(conditions)
+        with self._cond:
+            if self._conditions.get(uuid, ()) == wanted:
+                return False
+            if wanted:
+                self._conditions[uuid] = wanted
+            else:
+                del self._conditions[uuid]
+            snap = self._bump()
+        self._notify(snap)
+        return True
 
     def mark_unhealthy(self, uuid: str, reason: str = "marked unhealthy") -> bool:
-        """Mark ``uuid`` unhealthy; returns whether anything changed."""
-        with self._cond:
-            if self._unhealthy.get(uuid) == reason:
-                return False
-            self._unhealthy[uuid] = reason
-            self._bump()
-            return True
+        """Mark ``uuid`` unhealthy for ``reason``; returns whether anything changed."""
+        return self.set_conditions(
+            uuid, [Condition(kind="unhealthy", value="", effect="NoSchedule", message=reason)]
+        )
 
     def mark_healthy(self, uuid: str) -> bool:
         """Mark ``uuid`` healthy again; returns whether anything changed."""
-        with self._cond:
-            if self._unhealthy.pop(uuid, None) is None:
-                return False
-            self._bump()
-            return True
+        return self.set_conditions(uuid, ())
 
     def snapshot(self) -> Snapshot:
         with self._cond:
@@ -91,6 +125,19 @@ class HealthBoard:
         with self._cond:
             self._cond.wait_for(lambda: self._closed or self._version != version, timeout=timeout)
             return self._snap()
+
+    def subscribe(self, callback: Callable[[Snapshot], None]) -> Callable[[], None]:
+        """Call ``callback(snapshot)`` after every change (see the module docstring for the
+        rules); returns a function that unsubscribes it."""
+        with self._cond:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._cond:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
 
     def close(self) -> None:
         """Release every waiter now and from now on (shutdown: streams end promptly)."""
@@ -102,12 +149,31 @@ class HealthBoard:
     def closed(self) -> bool:
         return self._closed
 
-    def _bump(self) -> None:
+    def _bump(self) -> Snapshot:
         self._version += 1
         self._cond.notify_all()
+        return self._snap()
+
+    def _notify(self, snap: Snapshot) -> None:
+        with self._cond:
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            try:
+                callback(snap)
+            except Exception as exc:  # one consumer never breaks the producer or the others
+                _log.error("health subscriber failed", subscriber=repr(callback), error=repr(exc))
 
     def _snap(self) -> Snapshot:
-        return Snapshot(version=self._version, unhealthy=MappingProxyType(dict(self._unhealthy)))
+        return Snapshot(
+            version=self._version,
+            unhealthy=MappingProxyType(
+                {
+                    uuid: "; ".join(c.message for c in conds)
+                    for uuid, conds in self._conditions.items()
+                }
+            ),
+            conditions=MappingProxyType(dict(self._conditions)),
+        )
 
 
 def device_keys(node: model.NodeDevices) -> dict[str, tuple[str, ...]]:

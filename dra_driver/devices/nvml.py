@@ -43,6 +43,7 @@ NVMLError_FunctionNotFound = pynvml.NVMLError_FunctionNotFound
 NVMLError_GpuIsLost = pynvml.NVMLError_GpuIsLost
 NVMLError_LibRmVersionMismatch = pynvml.NVMLError_LibRmVersionMismatch
 NVMLError_Unknown = pynvml.NVMLError_Unknown
+NVMLError_Timeout = pynvml.NVMLError_Timeout
 
 c_nvmlMemory_t = pynvml.c_nvmlMemory_t
 nvmlPciInfo_t = pynvml.nvmlPciInfo_t
@@ -53,6 +54,11 @@ c_nvmlGpuInstanceProfileInfo_v2_t = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t
 # Fabric structs appeared over time; older bindings lack the versioned one.
 c_nvmlGpuFabricInfo_t = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)
 c_nvmlGpuFabricInfoV_t = getattr(pynvml, "c_nvmlGpuFabricInfoV_t", None)
+# Health watching (devices/watcher.py): event structs, handles, field values.
+c_nvmlDevice_t = pynvml.c_nvmlDevice_t
+c_nvmlEventSet_t = pynvml.c_nvmlEventSet_t
+c_nvmlEventData_t = pynvml.c_nvmlEventData_t
+c_nvmlFieldValue_t = pynvml.c_nvmlFieldValue_t
 
 NVML_SUCCESS: Final[int] = pynvml.NVML_SUCCESS
 NVML_FEATURE_DISABLED: Final[int] = pynvml.NVML_FEATURE_DISABLED
@@ -76,6 +82,21 @@ NVML_GPU_INSTANCE_PROFILE_COUNT: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_C
 NVML_COMPUTEMODE_DEFAULT: Final[int] = pynvml.NVML_COMPUTEMODE_DEFAULT
 NVML_COMPUTEMODE_PROHIBITED: Final[int] = pynvml.NVML_COMPUTEMODE_PROHIBITED
 NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: Final[int] = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+EVENT_XID: Final[int] = pynvml.nvmlEventTypeXidCriticalError
+EVENT_DBE: Final[int] = pynvml.nvmlEventTypeDoubleBitEccError
+EVENT_SBE: Final[int] = pynvml.nvmlEventTypeSingleBitEccError
+EVENT_RECOVERY_ACTION: Final[int] = getattr(pynvml, "nvmlEventTypeGpuRecoveryAction", 0)
+INSTANCE_ID_ANY: Final[int] = 0xFFFFFFFF  # NVML_GPU_INSTANCE_ID_ANY / _COMPUTE_INSTANCE_ID_ANY
+FI_RECOVERY_ACTION: Final[int] = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)
+NVML_VALUE_TYPE_UNSIGNED_INT: Final[int] = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+# NVML_GPU_RECOVERY_ACTION_* (pinned by a test against pynvml) → the name we log and taint with.
+RECOVERY_ACTIONS: Final[Mapping[int, str]] = {
+    0: "none", 1: "gpu-reset", 2: "node-reboot", 3: "drain-p2p", 4: "drain-and-reset",
+    5: "recover-imex-domain", 6: "bus-reset", 7: "system-reboot",
+}  # fmt: skip
+# Fabric health: the "route unhealthy" field of c_nvmlGpuFabricInfoV_t.healthMask.
+FABRIC_ROUTE_UNHEALTHY_SHIFT: Final[int] = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY
+FABRIC_ROUTE_UNHEALTHY_TRUE: Final[int] = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE
 
 # fmt: off
 # NVML_BRAND_* values (pinned by a test against pynvml) → names as the device model reports them.
@@ -158,6 +179,18 @@ def real_module() -> NvmlApi:
     return pynvml
 
 
+def optional(api: NvmlApi, name: str, *args: Any) -> Any:
+    """``api.<name>(*args)``, or None when this GPU, driver or binding cannot answer it (other
+    errors, GpuIsLost included, propagate)."""
+    fn = getattr(api, name, None)
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except UNSUPPORTED:
+        return None
+
+
 def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -193,6 +226,11 @@ class PynvmlBackend:
         except NVMLError as exc:
             raise backend.DiscoveryError(f"NVML initialisation failed ({exc}): {_HINT}") from exc
         return cls(nvml=api, sysfs=sysfs or sysfs_mod.HostSysfs())
+
+    @property
+    def nvml_api(self) -> NvmlApi:
+        """The NVML module this backend calls (the health watcher calls the same one)."""
+        return self._nvml
 
     def close(self) -> None:
         """Release NVML (pairs with the ``nvmlInit`` of :meth:`create`)."""
@@ -231,14 +269,7 @@ class PynvmlBackend:
 
     # --- calls --------------------------------------------------------------------------------
     def _optional(self, name: str, *args: Any) -> Any:
-        """The call's result, or None when this GPU, driver or binding cannot answer it."""
-        fn = getattr(self._nvml, name, None)
-        if fn is None:
-            return None
-        try:
-            return fn(*args)
-        except UNSUPPORTED:
-            return None
+        return optional(self._nvml, name, *args)
 
     def _required(self, name: str, *args: Any) -> Any:
         fn = getattr(self._nvml, name, None)

@@ -71,6 +71,8 @@ class AllocatedDevice:
     admin_access: bool
     share_id: str | None
     configs: tuple[OpaqueConfig, ...]
+    # The request's tolerations, as the scheduler copied them into the result.
+    tolerations: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def request_name(self) -> str:
@@ -141,6 +143,11 @@ def allocated_devices(
         share_id = result.get("shareID")
         if share_id is not None and not isinstance(share_id, str):
             raise ClaimError(f"{ref}: {where}.shareID is not a string")
+        tolerations = result.get("tolerations") or []
+        if not isinstance(tolerations, list) or not all(
+            isinstance(t, Mapping) for t in tolerations
+        ):
+            raise ClaimError(f"{ref}: {where}.tolerations must be a list of objects")
         ours.append(
             AllocatedDevice(
                 request=request,
@@ -149,6 +156,7 @@ def allocated_devices(
                 admin_access=admin,
                 share_id=share_id or None,
                 configs=tuple(c for c in configs if c.applies_to(request)),
+                tolerations=tuple(tolerations),
             )
         )
     if foreign_pool:

@@ -20,17 +20,28 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import structlog
 
 from dra_driver import logs
+from dra_driver.apimachinery import taints
 from dra_driver.driver import cdi, checkpoint, claims, config, inventory, results, sharing
 from dra_driver.kube import api as kube
 
 
 class DeviceBusy(claims.ClaimError):
     """A device is already prepared for another claim."""
+
+
+class DeviceTainted(claims.ClaimError):
+    """A device is tainted (unhealthy) and the claim's request does not tolerate the taint."""
+
+
+# Device name → its current taints (``{"key", "value", "effect"}``, plus a ``message`` saying
+# why, for the refusal); the node's health.
+DeviceTaints = Callable[[str], Sequence[Mapping[str, Any]]]
 
 
 class ClaimLocks:
@@ -112,7 +123,10 @@ class ClaimState:
         store: checkpoint.Checkpoint,
         log: structlog.typing.FilteringBoundLogger,
         gpu_sharing: sharing.GpuSharing | None = None,
+        device_taints: DeviceTaints | None = None,
     ) -> None:
+        """``device_taints``: a device's taints now; a claim whose request does not tolerate
+        one (NoSchedule / NoExecute) is refused, naming the taint and why it is there."""
         self.api = api
         self.driver_name = driver_name
         self.pool_name = pool_name
@@ -123,6 +137,7 @@ class ClaimState:
         self.locks = ClaimLocks()
         self.ownership = Ownership()
         self.sharing = gpu_sharing or sharing.GpuSharing(gpu_control=None, log=log)
+        self.device_taints = device_taints
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -262,9 +277,23 @@ class ClaimState:
                 raise claims.ClaimError(
                     f"{ref}: device {dev.device} cannot be prepared: {known.problem}"
                 )
+            self._check_taints(ref, dev)
             cfg = config.effective(dev.configs, ref=ref)
             planned.append(cdi.Planned(device=known, request=dev.request_name, config=cfg))
         return planned
+
+    def _check_taints(self, ref: claims.ClaimRef, dev: claims.AllocatedDevice) -> None:
+        if self.device_taints is None:
+            return
+        device_taints = self.device_taints(dev.device)
+        blocking = taints.first_untolerated(device_taints, dev.tolerations)
+        if blocking is not None:
+            reason = blocking.get("message") or "the device is unhealthy"
+            raise DeviceTainted(
+                f"{ref}: device {dev.pool}/{dev.device} is tainted "
+                f"{taints.describe(blocking)} ({reason}) and request {dev.request} does not "
+                "tolerate it"
+            )
 
     def _record(
         self,

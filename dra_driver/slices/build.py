@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from dra_driver.apimachinery import semver
@@ -48,10 +49,14 @@ def build(
     driver_name: str = DEFAULT_DRIVER_NAME,
     node_uid: str | None = None,
     generation: int = 1,
+    decorate: Callable[[list[Obj]], None] | None = None,
 ) -> Build:
     """The complete desired set of ResourceSlices for ``node_name``: one pool named after it.
 
-    Raises :class:`BuildError` when the node or driver name itself breaks an API rule.
+    ``decorate`` is a pass over the device entries before they are checked and split into
+    slices (e.g. :func:`dra_driver.slices.taints.decorator` adds the taints of unhealthy GPUs;
+    tainted devices lower the per-slice limit, which the split honours). Raises
+    :class:`BuildError` when the node or driver name itself breaks an API rule.
     """
     empty = validate.validate(_slice(node_name, driver_name, [], 0, 1, generation, node_uid))
     if empty:
@@ -61,6 +66,8 @@ def build(
         )
     problems: list[str] = []
     entries = device_entries(devices, problems)
+    if decorate is not None:
+        decorate(entries)
     kept: list[Obj] = []
     for device in entries:
         errors = validate.validate(_slice(node_name, driver_name, [device], 0, 1, generation, None))

@@ -370,12 +370,14 @@ def start_node_publisher(
     node_name: str,
     log: Log | None = None,
     on_pass: Callable[[Outcome | None], None] | None = None,
+    decorate: Callable[[list[api.Obj]], None] | None = None,
 ) -> Publisher:
     """Build the node's slices from ``devices`` and keep them published (the node agent's hook).
 
+    ``decorate``: a pass over the devices before they become slices (device taints).
     Raises :class:`~dra_driver.slices.build.BuildError` when the names cannot make a slice.
     """
-    result = build.build(devices, node_name=node_name, driver_name=driver_name)
+    result = build.build(devices, node_name=node_name, driver_name=driver_name, decorate=decorate)
     publisher = Publisher(
         kube=api, driver_name=driver_name, node_name=node_name, log=log, on_pass=on_pass
     )

@@ -41,6 +41,13 @@ def test_demo_default_profile_runs_green() -> None:
     assert "ResourceClaim cannot-fit cannot be allocated" in out
     assert "allocated: gpu-" in out and "(request gpu/h100)" in out
     assert '"kind": "k8s.gpu.nvidia.com/claim"' in out
+    # The health scene: a GPU fails, is tainted, and recovers.
+    assert "Scene 2 of 2: health" in out
+    assert "key: gpu.nvidia.com/xid" in out and "effect: NoExecute" in out
+    assert "[ok] discover shows gpu-0 Unhealthy (xid=79)" in out
+    assert "[ok] an eight-GPU claim no longer fits:" in out
+    assert "[ok] the eight-GPU claim fits again" in out
+    assert "[ok] discover: gpu-0 Healthy, recoveries 2" in out
     assert out.rstrip().endswith("demo OK: every step did what it must.")
 
 
@@ -51,6 +58,7 @@ def test_demo_on_mig_profile_prepares_a_mig_device() -> None:
         node_name="n1",
         driver_name="gpu.nvidia.com",
         out=out,
+        scenes=["core"],
     )
     assert code == 0, out.getvalue()[-3000:]
     assert "[ok] mig-1g: prepared in" in out.getvalue()
@@ -65,6 +73,7 @@ def test_demo_reports_a_broken_step_with_exit_1(monkeypatch: pytest.MonkeyPatch)
         node_name="n1",
         driver_name="gpu.nvidia.com",
         out=out,
+        scenes=["core"],
     )
     assert code == 1
     assert "[FAILED] one-gpu: CDI spec written" in out.getvalue()

@@ -13,16 +13,20 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
 
+from dra_driver import healthcontrol
+from dra_driver.devices import fake
 from dra_driver.fakeapi import fakeserver, memory
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]  # the run_cli fixture (conftest)
 
 
 class Recorder(pb_grpc.RegistrationServicer):
@@ -189,6 +193,48 @@ def test_metrics_and_readiness_follow_registration(plugin_dir: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def health_of(response: pb.ListAndWatchResponse) -> dict[str, str]:
+    return {d.ID: d.health for d in response.devices}
+
+
+def test_device_plugin_stream_shows_both_transitions_for_every_replica(
+    plugin_dir: Path, recorder: Recorder, run_cli: RunCli
+) -> None:
+    proc = start(
+        plugin_dir, "--fake", "h100-nvl-pairs", "--replicas", "2", "--health-min-hold", "0"
+    )
+    try:
+        assert recorder.arrived.wait(timeout=15)
+        sock = plugin_dir / recorder.requests[0].endpoint
+        with grpc.insecure_channel(f"unix://{sock}") as channel:
+            stream = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty(), timeout=60)
+            first = health_of(next(stream))
+            assert set(first.values()) == {"Healthy"} and len(first) == 8
+            uuid = fake.FakeBackend.from_name("h100-nvl-pairs").discover().gpu(1).uuid
+            done = run_cli(
+                "fake-event", "--gpu", "1", "--xid", "79", "--device-plugin-dir", str(plugin_dir)
+            )
+            assert done.returncode == 0, done.stderr
+            sick = {i for i, h in health_of(next(stream)).items() if h == "Unhealthy"}
+            assert sick == {f"{uuid}::0", f"{uuid}::1"}  # the GPU and every replica of it
+            done = run_cli(
+                "fake-event",
+                "--gpu",
+                "1",
+                "--recovered",
+                env={"DEVICE_PLUGIN_DIR": str(plugin_dir)},
+            )
+            assert done.returncode == 0, done.stderr
+            assert set(health_of(next(stream)).values()) == {"Healthy"}
+            stream.cancel()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
+        assert not healthcontrol.device_plugin_socket(plugin_dir).exists()
+    finally:
+        proc.kill()
 
 
 def _http_address(log_path: Path, timeout_s: float = 15) -> tuple[str, int]:

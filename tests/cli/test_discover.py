@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 CUBE_MESH = [
@@ -82,3 +83,21 @@ def test_without_nvidia_driver_one_line_error_exit_2() -> None:
     assert len(lines) == 1, proc.stderr
     assert "NVIDIA driver" in lines[0] and "--fake" in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_health_column_and_document_from_nvml() -> None:
+    table = run("--fake", "a100-mig")
+    assert table.returncode == 0, table.stderr
+    header, *rows = [line for line in table.stdout.splitlines() if line][:8]
+    assert header.split()[-1] == "HEALTH"
+    assert all(row.endswith("Healthy") for row in rows)
+    doc = discover_json("a100-mig")
+    for gpu in doc["gpus"]:
+        assert gpu["health"] == {"health": "Healthy", "conditions": [], "source": "nvml"}
+        assert all(m["health"]["health"] == "Healthy" for m in gpu["mig_devices"])
+
+
+def test_asking_an_agent_that_is_not_running_fails_clearly(tmp_path: Path) -> None:
+    proc = run("--fake", "pcie-l4", "--kubelet-plugins-dir", str(tmp_path))
+    assert proc.returncode == 1
+    assert "no node agent health socket" in proc.stderr

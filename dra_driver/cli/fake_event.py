@@ -1,0 +1,108 @@
+"""``dra-driver fake-event``: make a fake GPU of a running node agent fail (or recover).
+
+Fake nodes (``--fake``) must fail too, so health handling can be shown and tested without GPUs:
+this sends the event over the agent's health socket (:mod:`dra_driver.healthcontrol`) and the
+agent feeds it to its NVML stand-in, where the agent's health watcher receives it through the same
+NVML calls as on a GPU node (docs/health.md). It takes the same directory flags as the agent it
+talks to: ``--kubelet-plugins-dir`` / ``--driver-name`` for the DRA kubelet plugin (the default),
+``--device-plugin-dir`` for the device plugin. Exit codes: 0 delivered, 1 the agent refused or
+cannot be reached, 2 bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from dra_driver import cli, healthcontrol
+from dra_driver.cli import agentflags, common
+from dra_driver.devices import healthpolicy
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "fake-event",
+        help=cli.SUMMARIES["fake-event"],
+        description="Inject a GPU failure (or recovery) into a node agent running on fake GPUs.",
+    )
+    parser.add_argument("--gpu", type=int, required=True, help="GPU index (as `discover` lists)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--xid", type=int, help="an XID error (critical XID event)")
+    what.add_argument("--ecc-dbe", action="store_true", help="a double-bit ECC error event")
+    what.add_argument("--lost", action="store_true", help="the GPU falls off the bus")
+    what.add_argument(
+        "--recovered",
+        action="store_true",
+        help="the GPU was fixed: reset it and send the explicit recovered event",
+    )
+    what.add_argument(
+        "--reset", action="store_true", help="reset the GPU only (the agent observes it)"
+    )
+    for name, text in (
+        ("pages-pending", "pages pending retirement (Volta, Turing)"),
+        ("remap-pending", "row remapping pending (Ampere and newer)"),
+        ("remap-failure", "row remapping failed (Ampere and newer)"),
+        ("fabric-degraded", "the multi-node NVLink fabric route is unhealthy"),
+    ):
+        what.add_argument(f"--{name}", action="store_true", help=text)
+    parser.add_argument(
+        "--action",
+        choices=[a for a in healthpolicy.RECOVERY_ACTIONS.values() if a != "none"],
+        help="with --xid: the recovery action the driver reports (NVML's recovery-action field)",
+    )
+    parser.add_argument(
+        "--mig",
+        metavar="GI:CI",
+        help="with --xid / --ecc-dbe: address one MIG device by GPU and compute instance id",
+    )
+    agentflags.add(parser, explicit_only=False)
+    parser.set_defaults(handler=run)
+
+
+def request_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The inject request the flags describe; raises UsageError."""
+    req: dict[str, Any] = {"op": "inject", "gpu": args.gpu}
+    if args.xid is not None:
+        req.update(event="xid", xid=args.xid)
+        if args.action:
+            req["action"] = args.action
+    else:
+        if args.action:
+            raise common.UsageError("--action goes with --xid")
+        for name in (
+            "ecc_dbe",
+            "lost",
+            "recovered",
+            "reset",
+            "pages_pending",
+            "remap_pending",
+            "remap_failure",
+            "fabric_degraded",
+        ):
+            if getattr(args, name):
+                req["event"] = name.replace("_", "-")
+    if args.mig:
+        if req["event"] not in ("xid", "ecc-dbe"):
+            raise common.UsageError("--mig goes with --xid or --ecc-dbe")
+        try:
+            gi, ci = (int(p) for p in args.mig.split(":"))
+        except ValueError:
+            raise common.UsageError(f"--mig {args.mig!r}: expected GI:CI, e.g. 1:0") from None
+        req.update(gpuInstance=gi, computeInstance=ci)
+    return req
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        req = request_from(args)
+    except common.UsageError as exc:
+        return common.fail(str(exc))
+    code = 0
+    for path in agentflags.sockets(args):
+        try:
+            answer = healthcontrol.request(path, req)
+        except healthcontrol.ControlError as exc:
+            code = common.fail(str(exc), code=1)
+            continue
+        print(f"{path}: {answer.get('message', 'done')}")
+    return code

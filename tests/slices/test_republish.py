@@ -1,0 +1,139 @@
+"""Health changes re-published through the real publisher over the in-memory API: a taint change
+is one update with one generation bump; a change that alters no taint writes nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pytest
+
+from dra_driver import logs
+from dra_driver.devices import health
+from dra_driver.fakeapi import memory
+from dra_driver.slices import build, publisher, republish, taints
+
+from .conftest import Obj, devices_of
+
+DRIVER, NODE = "gpu.nvidia.com", "n1"
+
+
+def xid(value: str, message: str = "XID") -> health.Condition:
+    return health.Condition(kind="xid", value=value, effect="NoSchedule", message=message)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def running() -> Iterator[tuple[memory.InMemoryApi, health.HealthBoard, Any]]:
+    api = memory.InMemoryApi()
+    api.put_node(NODE, uid="uid-n1")
+    board = health.HealthBoard()
+    devices = devices_of("dgx-h100")
+    snap = board.snapshot()
+    pub = publisher.start_node_publisher(
+        api=api,
+        devices=devices,
+        driver_name=DRIVER,
+        node_name=NODE,
+        decorate=taints.decorator(snap, DRIVER),
+    )
+    follower = republish.follow(
+        pub,
+        board=board,
+        built_at_version=snap.version,
+        devices=devices,
+        node_name=NODE,
+        driver_name=DRIVER,
+        log=logs.get("test"),
+    )
+    wait_for(pub.synced.is_set)
+    yield api, board, pub
+    follower.stop()
+
+
+def slices(api: memory.InMemoryApi) -> list[Obj]:
+    return api.list_resource_slices(driver=DRIVER, node_name=NODE)[0]
+
+
+def test_a_taint_change_is_one_update_and_one_generation(running: Any) -> None:
+    api, board, pub = running
+    gpu = devices_of("dgx-h100").gpu(2)
+    writes = api.writes
+    board.set_conditions(gpu.uuid, [xid("79")])
+    wait_for(lambda: any(d.get("taints") for s in slices(api) for d in s["spec"]["devices"]))
+    wait_for(pub.synced.is_set)
+    assert api.writes == writes + 1
+    assert slices(api)[0]["spec"]["pool"]["generation"] == 2
+
+
+def test_a_change_that_alters_no_taint_writes_nothing(running: Any) -> None:
+    api, board, pub = running
+    gpu = devices_of("dgx-h100").gpu(2)
+    board.set_conditions(gpu.uuid, [xid("79", "first words")])
+    wait_for(lambda: any(d.get("taints") for s in slices(api) for d in s["spec"]["devices"]))
+    wait_for(pub.synced.is_set)
+    before, writes, passes = slices(api), api.writes, pub.passes
+    board.set_conditions(gpu.uuid, [xid("79", "other words, same taint")])
+    wait_for(lambda: pub.passes > passes and pub.synced.is_set())
+    assert (slices(api), api.writes) == (before, writes)
+
+
+class Recording:
+    def __init__(self) -> None:
+        self.handed: list[list[Obj]] = []
+        self.stopped = threading.Event()
+
+    def set_desired(self, slices: Iterable[Obj]) -> None:
+        self.handed.append(list(slices))
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def test_a_change_before_start_is_not_missed_and_stop_stops_the_publisher() -> None:
+    board = health.HealthBoard()
+    board.mark_unhealthy("GPU-x")  # after the publisher's first build (version 0)
+    recording = Recording()
+    follower = republish.HealthRepublisher(
+        publisher=recording,
+        rebuild=lambda snap: [{"version": snap.version}],
+        board=board,
+        log=logs.get("test"),
+        built_at_version=0,
+    )
+    follower.start()
+    wait_for(lambda: recording.handed)
+    assert recording.handed == [[{"version": 1}]]
+    follower.stop()
+    assert recording.stopped.is_set()
+
+
+def test_a_failing_rebuild_keeps_following() -> None:
+    board = health.HealthBoard()
+    recording = Recording()
+    calls: list[int] = []
+
+    def rebuild(snap: health.Snapshot) -> list[Obj]:
+        calls.append(snap.version)
+        if len(calls) == 1:
+            raise build.BuildError("broken once")
+        return [{"version": snap.version}]
+
+    follower = republish.HealthRepublisher(
+        publisher=recording, rebuild=rebuild, board=board, log=logs.get("test"), built_at_version=0
+    )
+    follower.start()
+    board.mark_unhealthy("GPU-x")
+    wait_for(lambda: calls)
+    board.mark_healthy("GPU-x")
+    wait_for(lambda: recording.handed)
+    assert recording.handed[-1] == [{"version": 2}]
+    follower.stop()
