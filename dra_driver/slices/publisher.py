@@ -112,6 +112,7 @@ class Publisher:
         self._node_uid: str | None = None
         self._last_generation = 0  # generations only go up, even after our slices vanished
         self.synced = threading.Event()
+        self.passes = 0  # successful reconcile passes (tests wait on it)
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ control
@@ -187,6 +188,7 @@ class Publisher:
                     "conflict; re-reading ResourceSlices", slice=exc.slice_name, op=exc.op
                 )
                 continue
+            self.passes += 1
             if outcome.writes:
                 self.log.info(
                     "ResourceSlices reconciled",
