@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import prepare as bench  # noqa: E402  (the benchmark's node, claims and API server)
+import benchkit as bench  # noqa: E402  (the benchmark's node, claims, API server and plugin)
 
 
 def timed(fn: Callable[[int], object], calls: int) -> tuple[float, float]:

@@ -56,7 +56,9 @@ class PluginSettings:
     fake: bool = False
     dev_root: Path = Path("/")
     boot_id_file: Path = checkpoint.BOOT_ID_FILE
-    workers: int = 32
+    workers: int = 32  # threads preparing the claims of one call in parallel
+    grpc_workers: int = 16  # threads serving the DRA socket: one call (one claim, usually) each
+    api_keepalive_s: float = 30.0  # refresh idle API connections this old (server cut-off: 90 s)
     serial: bool = False
     cleanup_interval_s: float = 60.0
     publish: bool = True
@@ -67,6 +69,12 @@ class PluginSettings:
     @property
     def plugin_dir(self) -> Path:
         return self.plugins_dir / self.driver_name
+
+    @property
+    def api_connections(self) -> int:
+        """API connections to keep warm: one per thread that may GET a claim while the others
+        do (every gRPC worker; a call's claims run on the ``workers`` pool, kept up to that)."""
+        return self.grpc_workers
 
     @property
     def dra_socket(self) -> Path:
@@ -335,6 +343,7 @@ def run(
             lambda s: health_service.add_services(s, streams=streams),
         ],
         log=log,
+        max_workers=settings.grpc_workers,
     )
     reg_service = registration.RegistrationService(
         driver_name=settings.driver_name,

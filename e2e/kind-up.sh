@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CLUSTER=${KIND_CLUSTER:-dra-driver-e2e}
-NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.35.0}
+NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.36.1}
 IMAGE=dra-driver:e2e
 NAMESPACE=dra-driver
 PY=${PYTHON:-.venv/bin/python}

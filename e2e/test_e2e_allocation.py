@@ -19,6 +19,20 @@ def gpus_of(
     return [devices[r["device"]] for r in ours]
 
 
+def _minors(device: dict[str, Any]) -> list[str]:
+    """A GPU's minor, or a GPU set's members' minors (docs/attributes.md)."""
+    if kube.attr(device, "type") == "gpu-set":
+        return str(kube.attr(device, "minors")).split(",")
+    return [re.sub(r"^gpu-", "", device["name"])]
+
+
+def _uuids(device: dict[str, Any]) -> list[str]:
+    count = kube.attr(device, "gpuCount")
+    if count is None:
+        return [kube.attr(device, "uuid")]
+    return [kube.attr(device, f"uuid{i}") for i in range(count)]
+
+
 def assert_sees(
     cluster: kube.Cluster,
     ns: str,
@@ -30,10 +44,10 @@ def assert_sees(
 ) -> None:
     """The container's /dev has exactly these GPUs' nodes (CDI applied), and so does its env."""
     seen = cluster.seen(ns, pod, container)
-    minors = sorted(f"nvidia{re.sub(r'^gpu-', '', d['name'])}" for d in devices)
+    minors = sorted(f"nvidia{m}" for d in devices for m in _minors(d))
     assert seen.nodes == minors, f"{pod}/{container} sees {seen.nodes}, expected {minors}"
     visible = seen.env.get("NVIDIA_VISIBLE_DEVICES")
-    uuids = {kube.attr(d, "uuid") for d in devices}
+    uuids = {u for d in devices for u in _uuids(d)}
     if exact_env:
         assert visible is not None, f"{pod}/{container}: no NVIDIA_VISIBLE_DEVICES in {seen.env}"
         assert set(visible.split(",")) == uuids, f"{pod}/{container}: {visible} vs {uuids}"
@@ -111,6 +125,20 @@ def test_match_attribute_nvlink_island_and_numa_node(
             f"{pod_name}: {attribute} of {[g['name'] for g in gpus]} = {values}"
         )
         assert_sees(cluster, ns, pod_name, "ctr", gpus)
+
+
+def test_generated_claim_gets_a_bridged_pair_as_one_set(
+    cluster: kube.Cluster, ns: str, nodes: dict[str, Any]
+) -> None:
+    kube.node_with(nodes, "h100-nvl-pairs")
+    cluster.apply_spec("best-pair", ns)
+    pod = cluster.wait_running(ns, "best-pair")
+    results = kube.results(cluster.pod_claim(ns, pod, "gpus"))
+    assert [r["request"] for r in results] == ["gpus/nvlinked"], results
+    (gpu_set,) = gpus_of(cluster, pod, results)
+    assert kube.attr(gpu_set, "type") == "gpu-set" and kube.attr(gpu_set, "gpuCount") == 2
+    assert kube.attr(gpu_set, "nvlinkLinks") == 12, gpu_set["name"]
+    assert_sees(cluster, ns, "best-pair", "ctr", [gpu_set])
 
 
 def test_first_available_falls_back(cluster: kube.Cluster, ns: str) -> None:

@@ -1,11 +1,13 @@
-"""One node's structured-parameters allocation for a ResourceClaim, topology-aware.
+"""One node's structured-parameters allocation for a ResourceClaim, as kube-scheduler does it.
 
 Why it exists: it is what ``dra-driver simulate`` and the demo run to answer "would the
-scheduler place this claim on this node, and on which GPUs?". The yes/no answer is the
-scheduler's (same pools, selectors, constraints, in-use devices, ``firstAvailable`` order and
-error aborts); where the scheduler would take the first devices that fit, we take the best
-NVLink/NUMA/PCIe placement among all that fit. The result has the shape of a claim's
-``status.allocation``; a claim that cannot be allocated comes back with an explanation.
+scheduler place this claim on this node, and on which devices?". :func:`allocate` replays the
+scheduler's own search (:mod:`.firstfit`): same pools, selectors, counters, taints,
+constraints, in-use devices, ``firstAvailable`` order and errors, so its answer is the
+allocation kube-scheduler would write. :func:`optimum` answers the other question, "what is the
+best this claim could get here?": the best NVLink/NUMA/PCIe placement among every allocation
+that satisfies the claim. The result has the shape of a claim's ``status.allocation``; a claim
+that cannot be allocated comes back with an explanation.
 """
 
 from __future__ import annotations
@@ -14,11 +16,18 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dra_driver.allocation import claim, explain, firstfit, placement, pools, selection, solver
-from dra_driver.devices import model, topology
-
-NUMA_ATTRIBUTE = "resource.kubernetes.io/numaNode"
-PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+from dra_driver.allocation import (
+    claim,
+    counters,
+    explain,
+    firstfit,
+    physical,
+    placement,
+    pools,
+    selection,
+    solver,
+)
+from dra_driver.devices import model
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -27,17 +36,32 @@ class Outcome:
 
     claim_name: str
     allocation: Mapping[str, Any] | None  # status.allocation; None when not allocatable
-    score: placement.Score | None = None  # (links, same-NUMA pairs, same-root pairs)
+    score: placement.Score | None = None  # of the allocated GPUs: (links, NUMA, root pairs)
     explanation: tuple[str, ...] = ()  # why not, when allocation is None
     notes: tuple[str, ...] = ()  # remarks about an allocation (e.g. search cut short)
     scheduler_error: str | None = None  # the scheduler would stop with this error
+    gpus: tuple[str, ...] = ()  # UUIDs of the physical GPUs allocated, first use first
+    steps: int = 0  # scheduler search steps taken
 
     @property
     def allocated(self) -> bool:
         return self.allocation is not None
 
 
-def allocate(
+@dataclasses.dataclass(slots=True)
+class Context:
+    """One claim on one node, parsed and matched against the node's devices once."""
+
+    parsed: claim.Claim
+    sel: selection.Selection
+    pool_list: list[pools.Pool]
+    bad_pools: list[pools.Pool]
+    ledger: counters.Ledger
+    gpus: physical.Gpus
+    error: str | None  # a request names a class that does not exist
+
+
+def prepare(
     claim_obj: Mapping[str, Any],
     *,
     slices: Sequence[Mapping[str, Any]],
@@ -46,8 +70,8 @@ def allocate(
     allocated: Iterable[pools.DeviceId] = (),
     node_devices: model.NodeDevices | None = None,
     node_labels: Mapping[str, str] | None = None,
-) -> Outcome:
-    """Allocate ``claim_obj`` (a v1 ResourceClaim or ResourceClaimTemplate) on ``node_name``.
+) -> Context:
+    """Parse ``claim_obj`` (a v1 ResourceClaim or template) against ``node_name``'s devices.
 
     ``node_devices`` (when known) gives exact NVLink link counts for scoring; otherwise the
     ``nvlinkIsland``, NUMA node and PCIe root attributes of the devices are used. Raises
@@ -59,99 +83,151 @@ def allocate(
     pool_list = pools.gather(slices, node_name=node_name, node_labels=node_labels)
     bad_pools = [p for p in pool_list if p.incomplete or p.invalid]
     devices = [d for p in pool_list if not (p.incomplete or p.invalid) for d in p.devices]
-    sel = selection.Selection(devices=devices, classes=class_map, in_use=set(allocated))
+    used = set(allocated)
+    ledger = firstfit.ledger_for(pool_list, used)
+    blocked = [
+        pos
+        for pos, d in enumerate(devices)
+        if d.consumes and not ledger.fits((d.driver, d.pool), d.consumes)
+    ]
+    sel = selection.Selection(devices=devices, classes=class_map, in_use=used, blocked=blocked)
+    error = None
     try:
         sel.compile_all(parsed)
     except selection.UnknownClassError as err:
-        return Outcome(parsed.name, None, explanation=(str(err),), scheduler_error=str(err))
+        error = str(err)
+    gpus = physical.Gpus(devices, node_devices=node_devices)
+    return Context(parsed, sel, pool_list, bad_pools, ledger, gpus, error)
 
-    notes: list[str] = []
-    if _errors_possible(parsed, sel, bad_pools):
-        verdict = firstfit.emulate(parsed, sel, bad_pools=bad_pools)
-        if verdict.status == "error":
-            lines = (
-                f"the scheduler stops with an error: {verdict.message}",
-                *explain.explain(parsed, sel, pool_list),
-            )
-            return Outcome(parsed.name, None, explanation=lines, scheduler_error=verdict.message)
-        if verdict.status == "unsatisfiable":
-            return Outcome(parsed.name, None, explanation=explain.explain(parsed, sel, pool_list))
-        if verdict.status == "undecided":
-            notes.append(
-                "selectors fail to evaluate on some devices; the scheduler may stop "
-                f"with an error before it finds this allocation ({verdict.message})"
-            )
 
-    weights = weights_for(devices, node_devices=node_devices)
-    plan = solver.Solver(parsed, sel, weights=weights, pools_ok=not bad_pools).solve()
+def allocate(claim_obj: Mapping[str, Any], **kwargs: Any) -> Outcome:
+    """What kube-scheduler allocates for ``claim_obj`` on the node (see :func:`prepare`)."""
+    return schedule(prepare(claim_obj, **kwargs))
+
+
+def schedule(ctx: Context, *, budget: int = firstfit.DEFAULT_BUDGET) -> Outcome:
+    """The scheduler's allocation (its first fit), or why it allocates nothing."""
+    name = ctx.parsed.name
+    if ctx.error is not None:
+        return Outcome(name, None, explanation=(ctx.error,), scheduler_error=ctx.error)
+    verdict = firstfit.emulate(
+        ctx.parsed, ctx.sel, bad_pools=ctx.bad_pools, ledger=ctx.ledger, budget=budget
+    )
+    if verdict.status == "error":
+        lines = (
+            f"the scheduler stops with an error: {verdict.message}",
+            *explain.explain(ctx.parsed, ctx.sel, ctx.pool_list),
+        )
+        return Outcome(
+            name, None, explanation=lines, scheduler_error=verdict.message, steps=verdict.steps
+        )
+    if verdict.status == "unsatisfiable":
+        lines = explain.explain(ctx.parsed, ctx.sel, ctx.pool_list)
+        return Outcome(name, None, explanation=lines, steps=verdict.steps)
+    if verdict.status == "undecided":
+        best = optimum(ctx)
+        note = (
+            f"the scheduler's search did not finish in {budget} steps (it gives up after "
+            "10 s on a node); shown is the best allocation, if the scheduler finds one it "
+            "may differ"
+        )
+        return dataclasses.replace(best, notes=(note, *best.notes), steps=verdict.steps)
+    picks = _group(ctx.parsed, verdict.picks)
+    return _outcome(ctx, picks, notes=(), steps=verdict.steps)
+
+
+def optimum(ctx: Context) -> Outcome:
+    """The best placement among all allocations satisfying the claim (not the scheduler's)."""
+    name = ctx.parsed.name
+    if ctx.error is not None:
+        return Outcome(name, None, explanation=(ctx.error,), scheduler_error=ctx.error)
+    sel = ctx.sel
+    overlapping = any(len(ctx.gpus.of(p)) > 1 for p in range(len(sel.devices)))
+    plan = solver.Solver(
+        ctx.parsed,
+        sel,
+        weights=ctx.gpus.weights(),
+        pools_ok=not ctx.bad_pools,
+        conflict=ctx.gpus.overlap if overlapping else None,
+    ).solve()
     if plan is None:
-        return Outcome(parsed.name, None, explanation=explain.explain(parsed, sel, pool_list))
-    if not plan.optimal:
-        notes.append("placement search stopped at its node limit; the choice may not be optimal")
+        return Outcome(name, None, explanation=explain.explain(ctx.parsed, sel, ctx.pool_list))
+    notes = () if plan.optimal else ("placement search stopped at its node limit",)
+    picks = [(req, list(positions)) for req, positions in plan.picks]
+    return _outcome(ctx, picks, notes=notes, steps=0)
+
+
+def best_gpus(ctx: Context, count: int) -> tuple[tuple[str, ...], placement.Score] | None:
+    """The best ``count`` free whole GPUs of the node, whatever the claim asks for.
+
+    "Optimal" as the issue defines it: most NVLink links among them, then pairs on one NUMA
+    node, then pairs under one PCIe root, over every equally large set of free GPUs (devices
+    that are one whole GPU, not allocated, their counter untouched, untainted).
+    """
+    sel = ctx.sel
+    whole = [
+        pos
+        for pos, dev in enumerate(sel.devices)
+        if len(ctx.gpus.of(pos)) == 1
+        and physical.kind(dev) == "gpu"
+        and not sel.in_use[pos]
+        and pos not in sel.blocked
+        and not any(
+            t.get("effect") in ("NoSchedule", "NoExecute") for t in dev.data.get("taints") or ()
+        )
+    ]
+    uuids = list(dict.fromkeys(ctx.gpus.of(p)[0] for p in whole))
+    if len(uuids) < count:
+        return None
+    rows = [[ctx.gpus.pair(a, b) if a != b else (0, 0, 0) for b in uuids] for a in uuids]
+    found = placement.best_subset(placement.Weights(rows), range(len(uuids)), count)
+    if found is None:
+        return None
+    return tuple(uuids[i] for i in found.items), found.score
+
+
+def _group(
+    parsed: claim.Claim, picks: Sequence[firstfit.Pick]
+) -> list[tuple[claim.Request, list[int]]]:
+    """The scheduler's results as (request, positions) in result order."""
+    alternatives = {a.name: a for g in parsed.groups for a in g.alternatives}
+    out: list[tuple[claim.Request, list[int]]] = []
+    for req_name, pos in picks:
+        if out and out[-1][0].name == req_name:
+            out[-1][1].append(pos)
+        else:
+            out.append((alternatives[req_name], [pos]))
+    return out
+
+
+def _outcome(
+    ctx: Context,
+    picks: Sequence[tuple[claim.Request, Sequence[int]]],
+    *,
+    notes: tuple[str, ...],
+    steps: int,
+) -> Outcome:
+    positions = [p for _, ps in picks for p in ps]
+    uuids = ctx.gpus.of_positions(positions)
     return Outcome(
-        parsed.name,
-        allocation_result(parsed, plan, sel),
-        score=plan.score,
-        notes=tuple(notes),
+        ctx.parsed.name,
+        allocation_result(ctx.parsed, picks, ctx.sel),
+        score=ctx.gpus.score(uuids),
+        notes=notes,
+        gpus=tuple(dict.fromkeys(uuids)),
+        steps=steps,
     )
 
 
-def _errors_possible(
-    parsed: claim.Claim, sel: selection.Selection, bad_pools: Sequence[pools.Pool]
-) -> bool:
-    """Whether the scheduler's search order can matter for the verdict (see firstfit)."""
-    for group in parsed.groups:
-        for req in group.alternatives:
-            if req.mode == claim.ALL and (
-                bad_pools or any(c.applies(req) for c in parsed.constraints)
-            ):
-                return True
-            if any(sel.errors(req, pos) for pos in range(len(sel.devices))):
-                return True
-    return False
-
-
-def weights_for(
-    devices: Sequence[pools.Device], *, node_devices: model.NodeDevices | None
-) -> placement.Weights:
-    """Pairwise placement weights over the candidate devices (positions in ``devices``)."""
-    if node_devices is not None:
-        topo = topology.build(node_devices)
-        by_uuid: dict[str, int] = {}
-        for gpu in node_devices.gpus:
-            by_uuid[gpu.uuid] = gpu.index
-            for mig in gpu.mig_devices:
-                by_uuid[mig.uuid] = gpu.index
-        indices: list[int | None] = []
-        for dev in devices:
-            uuid = _string(dev, f"{dev.driver}/uuid")
-            parent = _string(dev, f"{dev.driver}/parentUUID")
-            indices.append(by_uuid.get(uuid or "", by_uuid.get(parent or "")))
-        return placement.Weights.from_topology(topo, indices)
-    keys = [
-        (
-            pools.attribute_key(pools.lookup_attribute(d, f"{d.driver}/nvlinkIsland")),
-            pools.attribute_key(pools.lookup_attribute(d, NUMA_ATTRIBUTE)),
-            pools.attribute_key(pools.lookup_attribute(d, PCIE_ROOT_ATTRIBUTE)),
-        )
-        for d in devices
-    ]
-    return placement.Weights.from_attributes(keys)
-
-
-def _string(device: pools.Device, name: str) -> str | None:
-    attr = pools.lookup_attribute(device, name)
-    value = attr.get("string") if attr else None
-    return value if isinstance(value, str) else None
-
-
 def allocation_result(
-    parsed: claim.Claim, plan: solver.Plan, sel: selection.Selection
+    parsed: claim.Claim,
+    picks: Sequence[tuple[claim.Request, Sequence[int]]],
+    sel: selection.Selection,
 ) -> dict[str, Any]:
     """``status.allocation`` as the scheduler writes it (results, config, nodeSelector)."""
     results: list[dict[str, Any]] = []
     chosen: list[pools.Device] = []
-    for req, positions in plan.picks:
+    for req, positions in picks:
         for pos in positions:
             dev = sel.devices[pos]
             chosen.append(dev)
@@ -167,7 +243,7 @@ def allocation_result(
                 entry["tolerations"] = [dict(t) for t in req.tolerations]
             results.append(entry)
     devices: dict[str, Any] = {"results": results}
-    config = _configs(parsed, plan, sel)
+    config = _configs(parsed, picks, sel)
     if config:
         devices["config"] = config
     out: dict[str, Any] = {"devices": devices}
@@ -178,12 +254,14 @@ def allocation_result(
 
 
 def _configs(
-    parsed: claim.Claim, plan: solver.Plan, sel: selection.Selection
+    parsed: claim.Claim,
+    picks: Sequence[tuple[claim.Request, Sequence[int]]],
+    sel: selection.Selection,
 ) -> list[dict[str, Any]]:
     """Class configs first (once per class, listing its requests), then the claim's own."""
     out: list[dict[str, Any]] = []
     by_class: dict[str, tuple[int, int]] = {}
-    for req, _ in plan.picks:
+    for req, _ in picks:
         cls = sel.class_of(req)
         if cls.name in by_class:
             start, end = by_class[cls.name]
@@ -202,7 +280,7 @@ def _configs(
             continue
         # As the scheduler does: one entry per request the config names (a config naming two
         # requests appears twice), matching a request by its name or its chosen subrequest.
-        for req, _ in plan.picks:
+        for req, _ in picks:
             if req.main in listed or (req.sub is not None and req.name in listed):
                 out.append({**body, "requests": list(listed)})
     return out

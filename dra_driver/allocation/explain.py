@@ -73,6 +73,8 @@ def device_reason(sel: selection.Selection, req: claim.Request, pos: int) -> str
         return selector_reason(device, failure)
     if sel.in_use[pos] and not req.admin_access:
         return "allocated to another claim"
+    if pos in sel.blocked:
+        return "uses a GPU that an allocated device holds (its shared counter is used up)"
     taint = sel.taint_blocks(req, pos)
     if taint is not None:
         return (
@@ -89,6 +91,7 @@ def _plural(n: int, word: str) -> str:
 def _request_lines(sel: selection.Selection, req: claim.Request, label: str) -> list[str]:
     n = len(sel.devices)
     usable = [p for p in range(n) if sel.usable(req, p)]
+    in_class = sum(not _other_class(sel, req, p) for p in range(n))
     cls = req.class_name
     if req.mode == claim.ALL:
         matching = [p for p in range(n) if sel.matches(req, p)]
@@ -99,10 +102,18 @@ def _request_lines(sel: selection.Selection, req: claim.Request, label: str) -> 
     else:
         head = (
             f"{label}: needs {_plural(req.count, 'device')} of class {cls}; "
-            f"{len(usable)} of {n} usable"
+            f"{len(usable)} of {in_class} usable"
         )
     lines = [head]
-    reasons = [(p, device_reason(sel, req, p)) for p in range(n)]
+    # Devices of another type than every device of the class (GPU sets or MIG devices next to
+    # a class of whole GPUs) are not listed: the class is not about them.
+    kinds = {_kind(sel, p) for p in range(n) if not _other_class(sel, req, p)}
+    listed = [
+        p
+        for p in range(n)
+        if not (kinds and _other_class(sel, req, p) and _kind(sel, p) not in kinds)
+    ]
+    reasons = [(p, device_reason(sel, req, p)) for p in listed]
     if req.mode == claim.ALL:  # non-matching devices are simply not part of "all"
         reasons = [(p, r) for p, r in reasons if not _plain_mismatch(sel, req, p)]
     grouped: dict[str, list[str]] = {}
@@ -110,7 +121,10 @@ def _request_lines(sel: selection.Selection, req: claim.Request, label: str) -> 
         if reason is not None:
             grouped.setdefault(reason, []).append(sel.devices[pos].name)
     for reason, names in grouped.items():
-        shown = names if len(names) <= _MAX_NAMES else [*names[:_MAX_NAMES], "..."]
+        if len(names) > _MAX_NAMES:
+            shown = [*names[:_MAX_NAMES], f"... ({len(names)} devices)"]
+        else:
+            shown = names
         lines.append(f"  {', '.join(shown)}: {reason}")
     return lines
 
@@ -214,6 +228,18 @@ def explain(
 def _all_ok(sel: selection.Selection, req: claim.Request) -> bool:
     matching = [p for p in range(len(sel.devices)) if sel.matches(req, p)]
     return bool(matching) and all(sel.usable(req, p) for p in matching)
+
+
+def _kind(sel: selection.Selection, pos: int) -> object:
+    return pools.attribute_key(
+        pools.lookup_attribute(sel.devices[pos], f"{sel.devices[pos].driver}/type")
+    )
+
+
+def _other_class(sel: selection.Selection, req: claim.Request, pos: int) -> bool:
+    """The device is not of the request's class at all (a class selector is plainly false)."""
+    failure = sel.check(req, pos)
+    return failure is not None and failure.class_name is not None and failure.error is None
 
 
 def _plain_mismatch(sel: selection.Selection, req: claim.Request, pos: int) -> bool:

@@ -1,27 +1,39 @@
-"""The kube-scheduler's own search, step by step: first complete solution wins, errors abort.
+"""kube-scheduler's own device search, step for step: the allocation it would write.
 
-Why it exists: the exact search in :mod:`.solver` knows *whether* devices can satisfy a claim,
-but two verdicts depend on the order in which the scheduler happens to look at devices:
+Why it exists: ``simulate`` must predict what the real scheduler (v1.36, default feature gates:
+the "incubating" structured allocator with prioritized lists, partitionable devices, device
+taints, admin access and consumable capacity on) allocates, not what would be best. That
+allocator is a depth-first search whose first complete solution wins:
 
-* a selector that fails to evaluate on a device (a missing attribute) aborts allocation, but
-  only if the scheduler reaches that device before it has found a solution;
-* a ``matchAttribute`` constraint that an ``allocationMode: All`` request cannot meet is an
-  error, not a reason to try the next ``firstAvailable`` alternative.
+* claims in order (a pod's claims are allocated together), requests in order, each
+  ``firstAvailable`` subrequest in order until one works;
+* each device slot of a request tries the devices after the one the previous slot took
+  (pools by name, slices by name, devices in slice order), so a request's devices are tried as
+  combinations in that order; the next request starts again from the first device;
+* a device is skipped when allocated (unless the request has admin access, which only skips
+  devices this claim already takes), when its selectors do not match, when its counters do not
+  fit (:mod:`.counters`), when it carries a NoSchedule/NoExecute taint the request does not
+  tolerate, or when a ``matchAttribute`` constraint would break (backtracking, not an error);
+* ``allocationMode: All`` takes exactly the matching devices; one that cannot be added stops
+  that branch, and a constraint it breaks is an error;
+* a selector that fails to evaluate on a device the search reaches is an error that aborts
+  allocation on the node; more than 32 results per claim make that branch fail (a
+  ``firstAvailable`` request then tries its next subrequest).
 
-So when errors are possible the allocator replays the scheduler's depth-first search
-(requests in order, subrequests in order, each device slot trying devices in order, backtracking
-on failure, at most 32 results) to get its verdict. Its picks also serve tests as "what the
-scheduler would have chosen".
+Custom capacity requests and multi-allocatable devices (``allowMultipleAllocations``) are not
+modelled: none of our devices or claims use them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from dra_driver.allocation import claim, pools, selection
+from dra_driver.allocation import claim, counters, pools, selection
 
-DEFAULT_BUDGET = 200_000
+DEFAULT_BUDGET = 200_000  # search steps before giving up ("undecided")
+
+Pick = tuple[str, int]  # (result request name, device position)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -29,8 +41,10 @@ class Verdict:
     """``allocated`` | ``unsatisfiable`` | ``error`` | ``undecided`` (budget exhausted)."""
 
     status: str
-    picks: tuple[tuple[str, int], ...] = ()  # (result request name, device position)
+    picks: tuple[Pick, ...] = ()  # of the first claim, in result order
     message: str = ""
+    steps: int = 0
+    per_claim: tuple[tuple[Pick, ...], ...] = ()  # every claim's results
 
 
 class _Abort(Exception):
@@ -45,67 +59,109 @@ class _Budget(Exception):
     pass
 
 
+def ledger_for(
+    pool_list: Sequence[pools.Pool], allocated: Iterable[pools.DeviceId]
+) -> counters.Ledger:
+    """Counters left in each usable pool once the allocated devices took theirs."""
+    used = set(allocated)
+    books: dict[counters.PoolKey, tuple[counters.CounterSets, list[counters.Consumption]]] = {}
+    for pool in pool_list:
+        if pool.incomplete or pool.invalid:
+            continue
+        taken = [d.consumes for d in (*pool.devices, *pool.elsewhere) if d.id in used]
+        books[(pool.driver, pool.name)] = (pool.counter_sets, taken)
+    return counters.Ledger(books)
+
+
 class _Search:
-    def __init__(self, parsed: claim.Claim, sel: selection.Selection, *, budget: int) -> None:
-        self.claim = parsed
-        self.sel = sel
+    def __init__(
+        self,
+        claims: Sequence[tuple[claim.Claim, selection.Selection]],
+        ledger: counters.Ledger,
+        *,
+        budget: int,
+    ) -> None:
+        self.claims = claims
+        self.sel = claims[0][1]
+        self.devices = self.sel.devices
+        self.ledger = ledger
         self.budget = budget
         self.steps = 0
-        self.allocating: set[int] = set()
-        self.results: list[tuple[str, int]] = []
-        self.con_value: list[tuple[str, object] | None] = [None] * len(parsed.constraints)
-        self.con_count = [0] * len(parsed.constraints)
-        self.all_devices: dict[str, list[int]] = {}
+        self.allocating: dict[int, set[int]] = {}  # device position -> claims taking it
+        self.results: list[list[Pick]] = [[] for _ in claims]
+        self.con_value: list[list[tuple[str, object] | None]] = [
+            [None] * len(c.constraints) for c, _ in claims
+        ]
+        self.con_count: list[list[int]] = [[0] * len(c.constraints) for c, _ in claims]
+        self.all_devices: dict[tuple[int, str], list[int]] = {}
 
-    def _check(self, req: claim.Request, pos: int) -> bool:
-        found = self.sel.check(req, pos)
+    # ---- checks ------------------------------------------------------------------------------
+
+    def _selectable(self, ci: int, req: claim.Request, pos: int) -> bool:
+        found = self.claims[ci][1].check(req, pos)
         if found is not None and found.error is not None:
-            dev = self.sel.devices[pos].name
+            dev = self.devices[pos].name
             raise _Abort(f"request {req.name}: {found.where} on {dev}: {found.error}")
         return found is None
 
-    def validate(self, bad_pools: Sequence[pools.Pool]) -> None:
-        minimum = 0
-        for group in self.claim.groups:
-            counts = []
-            for req in group.alternatives:
-                try:
-                    self.sel.class_of(req)
-                except selection.UnknownClassError as err:
-                    raise _Abort(str(err)) from err
-                if req.mode == claim.ALL:
-                    if bad_pools:
-                        pool = bad_pools[0]
-                        state = "currently being updated" if pool.incomplete else "invalid"
-                        raise _Abort(
-                            f"request {req.name}: asks for all devices, but resource "
-                            f"pool {pool.driver}/{pool.name} is {state}"
-                        )
-                    found = [p for p in range(len(self.sel.devices)) if self._check(req, p)]
-                    self.all_devices[req.name] = found
-                    counts.append(len(found))
-                else:
-                    counts.append(req.count)
-            minimum += min(counts)
-        if minimum > claim.MAX_RESULTS:
-            raise _Abort(
-                f"number of requested devices {minimum} exceeds the claim limit of "
-                f"{claim.MAX_RESULTS}"
-            )
+    def _busy(self, ci: int, req: claim.Request, pos: int) -> bool:
+        takers = self.allocating.get(pos, set())
+        if req.admin_access:
+            return ci in takers
+        return self.sel.in_use[pos] or bool(takers)
 
-    def one(self, gi: int, ai: int, slot: int, in_sub: bool) -> bool:
+    def validate(self, bad_pools: Sequence[pools.Pool]) -> None:
+        for ci, (parsed, sel) in enumerate(self.claims):
+            minimum = 0
+            for group in parsed.groups:
+                counts = []
+                for req in group.alternatives:
+                    try:
+                        sel.class_of(req)
+                    except selection.UnknownClassError as err:
+                        raise _Abort(str(err)) from err
+                    if req.mode == claim.ALL:
+                        if bad_pools:
+                            pool = bad_pools[0]
+                            state = "currently being updated" if pool.incomplete else "invalid"
+                            raise _Abort(
+                                f"request {req.name}: asks for all devices, but resource "
+                                f"pool {pool.driver}/{pool.name} is {state}"
+                            )
+                        found = [
+                            p for p in range(len(self.devices)) if self._selectable(ci, req, p)
+                        ]
+                        self.all_devices[(ci, req.name)] = found
+                        counts.append(len(found))
+                    else:
+                        counts.append(req.count)
+                minimum += min(counts)
+            if minimum > claim.MAX_RESULTS:
+                raise _Abort(
+                    f"number of requested devices {minimum} exceeds the claim limit of "
+                    f"{claim.MAX_RESULTS}"
+                )
+
+    # ---- the search --------------------------------------------------------------------------
+
+    def one(self, ci: int, gi: int, ai: int, slot: int, in_sub: bool, start: int) -> bool:
         self.steps += 1
         if self.steps > self.budget:
             raise _Budget
-        groups = self.claim.groups
-        if gi >= len(groups):
+        if ci >= len(self.claims):
             return True
-        group = groups[gi]
+        parsed = self.claims[ci][0]
+        if gi >= len(parsed.groups):
+            try:
+                return self.one(ci + 1, 0, 0, 0, False, 0)
+            except _Exceeded:
+                return False
+        group = parsed.groups[gi]
         if not in_sub and group.first_available:
             all_exceeded = True
             for alt in range(len(group.alternatives)):
                 try:
-                    ok = self.one(gi, alt, 0, True)
+                    ok = self.one(ci, gi, alt, 0, True, 0)
                 except _Exceeded:
                     continue
                 all_exceeded = False
@@ -115,75 +171,112 @@ class _Search:
                 raise _Exceeded
             return False
         req = group.alternatives[ai]
-        everything = self.all_devices.get(req.name) if req.mode == claim.ALL else None
+        everything = self.all_devices.get((ci, req.name)) if req.mode == claim.ALL else None
         if everything is not None and not everything:
             return False
         needed = len(everything) if everything is not None else req.count
         if slot >= needed:
-            return self.one(gi + 1, 0, 0, False)
-        if len(self.results) + needed - slot > claim.MAX_RESULTS:
+            return self.one(ci, gi + 1, 0, 0, False, 0)
+        if len(self.results[ci]) + needed - slot > claim.MAX_RESULTS:
             raise _Exceeded
         if everything is not None:
-            return self._try(req, everything[slot], gi, ai, slot, in_sub, must=True)
-        for pos in range(len(self.sel.devices)):
-            if pos in self.allocating or (self.sel.in_use[pos] and not req.admin_access):
+            pos = everything[slot]
+            if not self._add(ci, req, pos, must=True):
+                return False
+            return self._descend(ci, req, pos, (gi, ai, slot + 1, in_sub, 0))
+        for pos in range(start, len(self.devices)):
+            if self._busy(ci, req, pos) or not self._selectable(ci, req, pos):
                 continue
-            if not self._check(req, pos):
+            if not self._add(ci, req, pos, must=False):
                 continue
-            if self._try(req, pos, gi, ai, slot, in_sub, must=False):
+            if self._descend(ci, req, pos, (gi, ai, slot + 1, in_sub, pos + 1)):
                 return True
         return False
 
-    def _try(
-        self, req: claim.Request, pos: int, gi: int, ai: int, slot: int, in_sub: bool, *, must: bool
+    def _descend(
+        self, ci: int, req: claim.Request, pos: int, nxt: tuple[int, int, int, bool, int]
     ) -> bool:
-        if not self._add(req, pos, must=must):
-            return False
         try:
-            if self.one(gi, ai, slot + 1, in_sub):
-                return True
+            done = self.one(ci, *nxt)
         except (_Exceeded, _Budget, _Abort):
-            self._remove(req, pos)
+            self._remove(ci, req, pos)
             raise
-        self._remove(req, pos)
-        return False
+        if not done:
+            self._remove(ci, req, pos)
+        return done
 
-    def _add(self, req: claim.Request, pos: int, *, must: bool) -> bool:
-        if pos in self.allocating or (self.sel.in_use[pos] and not req.admin_access):
+    def _add(self, ci: int, req: claim.Request, pos: int, *, must: bool) -> bool:
+        if self._busy(ci, req, pos):
             return False
-        if self.sel.taint_blocks(req, pos) is not None:
+        device = self.devices[pos]
+        pool_key = (device.driver, device.pool)
+        if not self.ledger.fits(pool_key, device.consumes):
             return False
-        device = self.sel.devices[pos]
+        if self.claims[ci][1].taint_blocks(req, pos) is not None:
+            return False
+        parsed = self.claims[ci][0]
+        values, count = self.con_value[ci], self.con_count[ci]
         added: list[int] = []
-        for i, con in enumerate(self.claim.constraints):
+        for i, con in enumerate(parsed.constraints):
             if not con.applies(req):
                 continue
             key = pools.attribute_key(pools.lookup_attribute(device, con.attribute))
-            ok = key is not None and (self.con_count[i] == 0 or key == self.con_value[i])
-            if not ok:
+            if key is None or (count[i] and key != values[i]):
                 for j in added:
-                    self.con_count[j] -= 1
+                    count[j] -= 1
                 if must:
                     raise _Abort(
                         f"request {req.name}: cannot add device {device.name} because "
-                        f"constraint matchAttribute {con.attribute} would not be "
-                        "satisfied"
+                        f"constraint matchAttribute {con.attribute} would not be satisfied"
                     )
                 return False
-            if self.con_count[i] == 0:
-                self.con_value[i] = key
-            self.con_count[i] += 1
+            if count[i] == 0:
+                values[i] = key
+            count[i] += 1
             added.append(i)
-        self.allocating.add(pos)
-        self.results.append((req.name, pos))
+        self.ledger.take(pool_key, device.consumes)
+        self.allocating.setdefault(pos, set()).add(ci)
+        self.results[ci].append((req.name, pos))
         return True
 
-    def _remove(self, req: claim.Request, pos: int) -> None:
-        for i, con in enumerate(self.claim.constraints):
+    def _remove(self, ci: int, req: claim.Request, pos: int) -> None:
+        for i, con in enumerate(self.claims[ci][0].constraints):
             if con.applies(req):
-                self.con_count[i] -= 1
-        self.allocating.discard(pos)
-        self.results.pop()
+                self.con_count[ci][i] -= 1
+        device = self.devices[pos]
+        self.ledger.give_back((device.driver, device.pool), device.consumes)
+        self.allocating[pos].discard(ci)
+        self.results[ci].pop()
+
+
+def emulate_all(
+    claims: Sequence[tuple[claim.Claim, selection.Selection]],
+    *,
+    ledger: counters.Ledger,
+    bad_pools: Sequence[pools.Pool],
+    budget: int = DEFAULT_BUDGET,
+) -> Verdict:
+    """Replay the scheduler's search for claims allocated together (one pod's claims).
+
+    Every :class:`selection.Selection` must be over the same devices (one per claim, since
+    selector verdicts are cached per request name).
+    """
+    search = _Search(claims, ledger, budget=budget)
+    try:
+        search.validate(bad_pools)
+        ok = search.one(0, 0, 0, 0, False, 0)
+    except _Abort as err:
+        return Verdict("error", message=str(err), steps=search.steps)
+    except _Exceeded:
+        ok = False
+    except _Budget:
+        return Verdict(
+            "undecided", message=f"gave up after {budget} search steps", steps=search.steps
+        )
+    if not ok:
+        return Verdict("unsatisfiable", steps=search.steps)
+    per_claim = tuple(tuple(r) for r in search.results)
+    return Verdict("allocated", picks=per_claim[0], steps=search.steps, per_claim=per_claim)
 
 
 def emulate(
@@ -191,19 +284,13 @@ def emulate(
     sel: selection.Selection,
     *,
     bad_pools: Sequence[pools.Pool],
+    ledger: counters.Ledger | None = None,
     budget: int = DEFAULT_BUDGET,
 ) -> Verdict:
     """Replay the scheduler's search for one claim on the devices ``sel`` knows."""
-    search = _Search(parsed, sel, budget=budget)
-    try:
-        search.validate(bad_pools)
-        ok = search.one(0, 0, 0, False)
-    except _Abort as err:
-        return Verdict("error", message=str(err))
-    except _Exceeded:
-        ok = False
-    except _Budget:
-        return Verdict("undecided", message=f"gave up after {budget} search steps")
-    if not ok:
-        return Verdict("unsatisfiable")
-    return Verdict("allocated", picks=tuple(search.results))
+    return emulate_all(
+        [(parsed, sel)],
+        ledger=ledger if ledger is not None else counters.Ledger({}),
+        bad_pools=bad_pools,
+        budget=budget,
+    )

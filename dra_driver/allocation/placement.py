@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TypeVar
 
 from dra_driver.devices import topology as topo_mod
@@ -46,16 +46,25 @@ class Weights:
 
     A pair's ``(links, numa, root)`` becomes ``links * B * B + numa * B + root`` with ``B``
     larger than the number of pairs of ``n`` items, so sums never carry between components.
+    An item may have a score of its own (``own``: a device standing for several GPUs scores the
+    pairs among them); ``pairs`` then bounds the GPU pairs any choice can hold.
     """
 
-    def __init__(self, pair_scores: Sequence[Sequence[Score]]) -> None:
+    def __init__(
+        self,
+        pair_scores: Sequence[Sequence[Score]],
+        *,
+        own: Sequence[Score] | None = None,
+        pairs: int | None = None,
+    ) -> None:
         n = len(pair_scores)
         self.n = n
-        self.base = n * (n - 1) // 2 + 1
+        self.base = (n * (n - 1) // 2 if pairs is None else pairs) + 1
         b = self.base
         self.matrix: list[list[int]] = [
             [0 if i == j else self._pack(pair_scores[i][j], b) for j in range(n)] for i in range(n)
         ]
+        self.own: list[int] = [self._pack(s, b) for s in own] if own else [0] * n
 
     @staticmethod
     def _pack(score: Score, base: int) -> int:
@@ -69,7 +78,9 @@ class Weights:
     def packed(self, items: Iterable[int]) -> int:
         chosen = list(items)
         m = self.matrix
-        return sum(m[a][c] for a, c in itertools.combinations(chosen, 2))
+        return sum(m[a][c] for a, c in itertools.combinations(chosen, 2)) + sum(
+            self.own[a] for a in chosen
+        )
 
     def score(self, items: Iterable[int]) -> Score:
         return self.unpack(self.packed(items))
@@ -148,7 +159,7 @@ def best_subset(
             return None
         return Placement((), weights.unpack(base_score), True, 1)
     w = [[mat[a][b] for b in cands] for a in cands]
-    gain0 = [sum(mat[a][x] for x in must) for a in cands]
+    gain0 = [sum(mat[a][x] for x in must) + weights.own[a] for a in cands]
     if feasible is None and all(g == 0 for g in gain0) and all(v == 0 for row in w for v in row):
         return Placement(tuple(cands[:k]), weights.unpack(base_score), True, 1)
     search = _Search(w, gain0, k, feasible=feasible, cands=cands, node_limit=node_limit)
@@ -326,57 +337,3 @@ class _Search:
             if self.aborted:
                 return
         self._dfs(pos + 1, cur, gain, r)
-
-
-def brute_force(
-    weights: Weights,
-    candidates: Sequence[int],
-    k: int,
-    *,
-    must: Sequence[int] = (),
-    feasible: Feasible | None = None,
-) -> Placement | None:
-    """Reference answer by trying every combination (same tie-breaking as :func:`best_subset`)."""
-    cands = [c for c in dict.fromkeys(candidates) if c not in set(must)]
-    best: tuple[int, ...] | None = None
-    best_score = -1
-    count = 0
-    for combo in itertools.combinations(cands, k):
-        count += 1
-        if feasible is not None and not feasible(combo):
-            continue
-        s = weights.packed((*must, *combo))
-        if s > best_score:
-            best, best_score = combo, s
-    if best is None:
-        return None
-    return Placement(best, weights.unpack(best_score), True, count)
-
-
-def first_fit(candidates: Sequence[int], k: int) -> tuple[int, ...] | None:
-    """What a topology-blind allocator takes: the first ``k`` candidates."""
-    return tuple(candidates[:k]) if len(candidates) >= k else None
-
-
-def choose_gpus(
-    topo: topo_mod.Topology,
-    available: Sequence[int],
-    size: int,
-    *,
-    must: Sequence[int] = (),
-) -> list[int] | None:
-    """Best ``size`` GPU indices (``must`` included) out of ``available``, for the device plugin.
-
-    ``None`` when fewer than ``size`` GPUs are available.
-    """
-    indices = sorted(set(available) | set(must))
-    pos: Mapping[int, int] = {gpu: i for i, gpu in enumerate(indices)}
-    weights = Weights.from_topology(topo, indices)
-    forced = sorted({pos[g] for g in must})
-    if len(forced) > size:
-        return None
-    cands = [pos[g] for g in sorted(set(available)) if g not in set(must)]
-    result = best_subset(weights, cands, size - len(forced), must=forced)
-    if result is None:
-        return None
-    return sorted(indices[i] for i in (*forced, *result.items))

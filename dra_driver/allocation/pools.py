@@ -4,8 +4,9 @@ Why it exists: which devices count is part of the scheduler's verdict. Only slic
 the node (``nodeName``, ``allNodes``, a matching ``nodeSelector``, or per-device selection) are
 used; per pool only the highest ``generation`` counts, and a pool whose slices of that
 generation are not all visible is *incomplete*: it contributes no devices and makes
-``allocationMode: All`` fail. Duplicate device names make a pool invalid. Devices come out in
-the order the scheduler tries them: pools by driver and name, slices by name, devices in order.
+``allocationMode: All`` fail. Duplicate device names make a pool invalid, and so do counter sets
+a device consumes but the pool lacks. Devices come out in the order the scheduler tries them:
+pools by driver and name, slices by name, devices in order.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from dra_driver.allocation import counters
 
 DeviceId = tuple[str, str, str]  # (driver, pool, device)
 
@@ -32,6 +35,7 @@ class Device:
     slice_name: str
     node_name: str | None  # the node the device is local to, if the slice says so
     node_selector: Mapping[str, Any] | None
+    consumes: counters.Consumption = ()  # counters the device uses up while allocated
 
     @property
     def id(self) -> DeviceId:
@@ -45,6 +49,9 @@ class Pool:
     devices: tuple[Device, ...]
     incomplete: bool = False
     invalid: str | None = None
+    counter_sets: counters.CounterSets = dataclasses.field(default_factory=dict)
+    # Devices of the pool's other slices (not for this node): their counters still count.
+    elsewhere: tuple[Device, ...] = ()
 
 
 def _requirement_matches(req: Mapping[str, Any], value: str | None) -> bool:
@@ -136,20 +143,19 @@ def _parse_slice(obj: Any, index: int) -> _Slice:
 def gather(
     slices: Sequence[Any], *, node_name: str, node_labels: Mapping[str, str] | None = None
 ) -> list[Pool]:
-    """The pools with devices for ``node_name``, in the order the scheduler tries them."""
+    """The pools with devices for ``node_name``, in the order the scheduler tries them.
+
+    As kube-scheduler 1.36 gathers them: slices that target the node, plus every slice with
+    ``sharedCounters`` (counter sets live in slices of their own); per pool only the newest
+    generation; a pool is incomplete unless all its slices of that generation are there, and
+    invalid for duplicate device or counter-set names or a device consuming a counter the pool
+    does not have. Pools sorted by driver and name, slices by name.
+    """
     labels = node_labels or {}
     parsed = [_parse_slice(s, i) for i, s in enumerate(slices)]
     relevant: dict[tuple[str, str], list[_Slice]] = {}
     for sl in parsed:
-        spec = sl.spec
-        if spec.get("perDeviceNodeSelection"):
-            hit = any(
-                _targets(d, node_name=node_name, node_labels=labels)
-                for d in spec.get("devices") or ()
-            )
-        else:
-            hit = _targets(spec, node_name=node_name, node_labels=labels)
-        if not hit:
+        if not _relevant(sl.spec, node_name=node_name, node_labels=labels):
             continue
         key = (sl.driver, sl.pool)
         current = relevant.get(key)
@@ -160,41 +166,80 @@ def gather(
     pools: list[Pool] = []
     for (driver, pool_name), members in sorted(relevant.items()):
         generation, wanted = members[0].generation, members[0].count
+        whole = members
         if len(members) != wanted:
             same_pool = [s for s in parsed if (s.driver, s.pool) == (driver, pool_name)]
             if any(s.generation > generation for s in same_pool):
                 continue  # being replaced by a newer generation without devices for this node
-            if sum(s.generation == generation for s in same_pool) != wanted:
+            whole = [s for s in same_pool if s.generation == generation]
+            if len(whole) != wanted:
                 pools.append(Pool(driver, pool_name, (), incomplete=True))
                 continue
-        devices: list[Device] = []
-        names: set[str] = set()
-        invalid = None
-        for sl in sorted(members, key=lambda s: s.name):
-            per_device = bool(sl.spec.get("perDeviceNodeSelection"))
-            for dev in sl.spec.get("devices") or ():
-                if dev["name"] in names:
-                    invalid = f"duplicate device name {dev['name']}"
-                names.add(dev["name"])
-                where = dev if per_device else sl.spec
-                if per_device and not _targets(dev, node_name=node_name, node_labels=labels):
-                    continue
-                devices.append(
-                    Device(
-                        driver=driver,
-                        pool=pool_name,
-                        name=dev["name"],
-                        data=dev,
-                        slice_name=sl.name,
-                        node_name=where.get("nodeName") or None,
-                        node_selector=where.get("nodeSelector"),
-                    )
-                )
-        if invalid:
-            pools.append(Pool(driver, pool_name, (), invalid=invalid))
-        else:
-            pools.append(Pool(driver, pool_name, tuple(devices)))
+        pools.append(_build_pool(driver, pool_name, members, whole, node_name, labels))
     return pools
+
+
+def _relevant(spec: Mapping[str, Any], *, node_name: str, node_labels: Mapping[str, str]) -> bool:
+    if spec.get("sharedCounters"):
+        return True  # needed to use the pool, whatever node it is for
+    if spec.get("nodeName") or spec.get("allNodes") or spec.get("nodeSelector") is not None:
+        return _targets(spec, node_name=node_name, node_labels=node_labels)
+    if spec.get("perDeviceNodeSelection"):
+        return any(
+            _targets(d, node_name=node_name, node_labels=node_labels)
+            for d in spec.get("devices") or ()
+        )
+    return False
+
+
+def _build_pool(
+    driver: str,
+    pool_name: str,
+    members: Sequence[_Slice],
+    whole: Sequence[_Slice],
+    node_name: str,
+    labels: Mapping[str, str],
+) -> Pool:
+    device_slices = sorted((s for s in members if not s.spec.get("sharedCounters")), key=_name)
+    names: set[str] = set()
+    for sl in device_slices:
+        for dev in sl.spec.get("devices") or ():
+            if dev["name"] in names:
+                return Pool(driver, pool_name, (), invalid=f"duplicate device name {dev['name']}")
+            names.add(dev["name"])
+    try:
+        sets = counters.counter_sets(s.spec for s in members if s.spec.get("sharedCounters"))
+    except counters.CounterError as err:
+        return Pool(driver, pool_name, (), invalid=str(err))
+    devices: list[Device] = []
+    elsewhere: list[Device] = []
+    seen = {s.name for s in members}
+    others = [s for s in whole if s.name not in seen and not s.spec.get("sharedCounters")]
+    for sl, local in [(s, True) for s in device_slices] + [(s, False) for s in others]:
+        per_device = bool(sl.spec.get("perDeviceNodeSelection"))
+        for dev in sl.spec.get("devices") or ():
+            try:
+                consumes = counters.consumption(dev, sets)
+            except counters.CounterError as err:
+                return Pool(driver, pool_name, (), invalid=str(err))
+            where = dev if per_device else sl.spec
+            device = Device(
+                driver=driver,
+                pool=pool_name,
+                name=dev["name"],
+                data=dev,
+                slice_name=sl.name,
+                node_name=where.get("nodeName") or None,
+                node_selector=where.get("nodeSelector"),
+                consumes=consumes,
+            )
+            targets = not per_device or _targets(dev, node_name=node_name, node_labels=labels)
+            (devices if local and targets else elsewhere).append(device)
+    return Pool(driver, pool_name, tuple(devices), counter_sets=sets, elsewhere=tuple(elsewhere))
+
+
+def _name(sl: _Slice) -> str:
+    return sl.name
 
 
 def allocated_ids(objects: Iterable[Any]) -> set[DeviceId]:

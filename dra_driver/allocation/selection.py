@@ -1,4 +1,5 @@
-"""Which devices a request may take: class and request selectors, taints, other claims' use.
+"""Which devices a request may take: class and request selectors, taints, other claims' use,
+and shared counters that allocated devices used up (a GPU set holding this GPU, say).
 
 Why it exists: the exact search, the scheduler emulation and the explanations must agree on
 every (request, device) verdict, including *why* a device is out. Selector results are cached
@@ -9,7 +10,7 @@ the request's, stopping at the first false or error) so the same errors surface.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dra_driver.allocation import cel, claim, pools
@@ -45,10 +46,13 @@ class Selection:
         devices: Sequence[pools.Device],
         classes: Mapping[str, claim.DeviceClass],
         in_use: set[pools.DeviceId],
+        blocked: Iterable[int] = (),
     ) -> None:
+        """``blocked``: positions whose shared counters the allocated devices used up."""
         self.devices = list(devices)
         self.classes = classes
         self.in_use = [d.id in in_use for d in self.devices]
+        self.blocked = set(blocked)
         self._cache: dict[tuple[str, int], Failure | None] = {}
         self._prepared: dict[int, cel.CelDevice | cel.CelEvalError] = {}
         self._compiled: dict[str, cel.CompiledSelector] = {}
@@ -130,8 +134,10 @@ class Selection:
         return taints.first_untolerated(self.devices[pos].data.get("taints") or (), req.tolerations)
 
     def usable(self, req: claim.Request, pos: int) -> bool:
-        """Free (or admin access), untainted for this request, and matching its selectors."""
+        """Free (or admin access), counters left, untainted, and matching its selectors."""
         if self.in_use[pos] and not req.admin_access:
+            return False
+        if pos in self.blocked:
             return False
         if self.taint_blocks(req, pos) is not None:
             return False

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from dra_driver import deviceclasses
-from dra_driver.allocation import allocator, claim, pools
+from dra_driver.allocation import allocator, claim, claimgen, physical, pools
 from dra_driver.devices import model
 from dra_driver.slices import build as slices_build
 
@@ -140,30 +140,100 @@ def allocated_from(docs: Iterable[Any], *, source: str) -> set[pools.DeviceId]:
         raise SimulateError(f"{source}: {err}") from err
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Insight:
+    """What ``--explain`` adds to an allocation: the optimum and, if better, another claim."""
+
+    optimum: tuple[str, ...]  # GPU UUIDs of the optimum ()= unknown)
+    score: tuple[int, int, int] | None
+    better_claim: dict[str, Any] | None = None  # what `dra-driver claim` writes instead
+    better: allocator.Outcome | None = None  # what that claim gets on this node
+
+
 def run(inputs: Inputs) -> list[allocator.Outcome]:
     """Allocate the claims one after another; each sees the devices the previous ones took."""
+    return [outcome for outcome, _ in _each(inputs, explain=False)]
+
+
+def run_explained(inputs: Inputs) -> list[tuple[allocator.Outcome, Insight | None]]:
+    """:func:`run`, with the optimum (and a better claim) for every allocated claim."""
+    return list(_each(inputs, explain=True))
+
+
+def _each(inputs: Inputs, *, explain: bool) -> Iterable[tuple[allocator.Outcome, Insight | None]]:
     used = set(inputs.allocated)
-    outcomes: list[allocator.Outcome] = []
     for obj in inputs.claims:
+        where: dict[str, Any] = {
+            "slices": inputs.slices,
+            "classes": inputs.classes,
+            "node_name": inputs.node_name,
+            "node_devices": inputs.node_devices,
+        }
         try:
-            outcome = allocator.allocate(
-                obj,
-                slices=inputs.slices,
-                classes=inputs.classes,
-                node_name=inputs.node_name,
-                allocated=used,
-                node_devices=inputs.node_devices,
-            )
+            ctx = allocator.prepare(obj, allocated=used, **where)
+            outcome = allocator.schedule(ctx)
+            insight = _insight(ctx, outcome, used, where) if explain else None
         except (claim.ClaimError, pools.SliceError) as err:
             raise SimulateError(str(err)) from err
-        outcomes.append(outcome)
+        yield outcome, insight
         if outcome.allocation is not None:
             used |= pools.allocated_ids([outcome.allocation["devices"]])
-    return outcomes
 
 
-def render(outcome: allocator.Outcome, *, node_name: str) -> str:
-    """YAML for an allocation (with a comment line), or the explanation."""
+def _insight(
+    ctx: allocator.Context,
+    outcome: allocator.Outcome,
+    used: set[pools.DeviceId],
+    where: Mapping[str, Any],
+) -> Insight | None:
+    """The optimum: the best equally many free whole GPUs when the pick is whole GPUs (the
+    issue's "optimal"), else the best placement the claim itself allows."""
+    if outcome.allocation is None or outcome.score is None:
+        return None
+    positions = _positions(ctx, outcome)
+    if all(physical.kind(ctx.sel.devices[p]) in ("gpu", "gpu-set") for p in positions):
+        found = allocator.best_gpus(ctx, len(outcome.gpus))
+        optimum, score = found if found is not None else ((), None)
+    else:
+        best = allocator.optimum(ctx)
+        optimum, score = best.gpus, best.score
+    if score is None or outcome.score >= score:
+        return Insight(optimum, score)
+    better_claim = claimgen.claim(len(outcome.gpus), name=f"{ctx.parsed.name}-best")
+    better = allocator.allocate(better_claim, allocated=used, **where)
+    return Insight(optimum, score, better_claim, better)
+
+
+def _positions(ctx: allocator.Context, outcome: allocator.Outcome) -> list[int]:
+    assert outcome.allocation is not None
+    index = {d.id: p for p, d in enumerate(ctx.sel.devices)}
+    return [
+        index[(r["driver"], r["pool"], r["device"])]
+        for r in outcome.allocation["devices"]["results"]
+    ]
+
+
+def gpu_names(inputs: Inputs) -> dict[str, str]:
+    """GPU UUID -> name of the device that is that GPU, for messages."""
+    names: dict[str, str] = {}
+    for sl in inputs.slices:
+        for dev in (sl.get("spec") or {}).get("devices") or ():
+            uuid = ((dev.get("attributes") or {}).get("uuid") or {}).get("string")
+            if isinstance(uuid, str) and (dev.get("attributes") or {}).get("type") == {
+                "string": "gpu"
+            }:
+                names.setdefault(uuid, str(dev.get("name")))
+    return names
+
+
+def render(
+    outcome: allocator.Outcome,
+    *,
+    node_name: str,
+    insight: Insight | None = None,
+    names: Mapping[str, str] | None = None,
+) -> str:
+    """YAML for an allocation (with comment lines), or the explanation."""
     if outcome.allocation is None:
         lines = [f"ResourceClaim {outcome.claim_name} cannot be allocated on node {node_name}:"]
         lines += [
@@ -171,15 +241,65 @@ def render(outcome: allocator.Outcome, *, node_name: str) -> str:
         ]
         return "\n".join(lines) + "\n"
     head = f"# ResourceClaim {outcome.claim_name}: allocated on node {node_name}"
-    if outcome.score is not None and len(outcome.allocation["devices"]["results"]) > 1:
-        links, numa, root = outcome.score
-        head += (
-            f"; placement: {links} NVLink links between the devices, "
-            f"{_pairs(numa)} on one NUMA node, {_pairs(root)} under one PCIe root"
-        )
+    if outcome.score is not None and len(outcome.gpus) > 1:
+        head += f"; placement: {_placement(outcome.score)}"
     notes = "".join(f"# note: {n}\n" for n in outcome.notes)
     body = yaml.safe_dump(dict(outcome.allocation), sort_keys=False)
-    return f"{head}\n{notes}{body}"
+    tail = _explained(outcome, insight, names or {}) if insight is not None else ""
+    return f"{head}\n{notes}{body}{tail}"
+
+
+def _placement(score: tuple[int, int, int]) -> str:
+    links, numa, root = score
+    return (
+        f"{links} NVLink links between the devices, "
+        f"{_pairs(numa)} on one NUMA node, {_pairs(root)} under one PCIe root"
+    )
+
+
+def _explained(outcome: allocator.Outcome, insight: Insight, names: Mapping[str, str]) -> str:
+    """``--explain``: the scheduler's pick against the optimum, and a better claim."""
+
+    def gpus(uuids: Sequence[str]) -> str:
+        return ", ".join(names.get(u, u) for u in uuids) or "no GPU"
+
+    lines = [f"scheduler's pick: {gpus(outcome.gpus)}"]
+    if outcome.score is not None:
+        lines[-1] += f" ({_placement(outcome.score)})"
+    if insight.score is None or outcome.score is None:
+        lines.append("optimum: unknown (no better placement found)")
+    else:
+        lines.append(f"optimum: {gpus(insight.optimum)} ({_placement(insight.score)})")
+        if outcome.score >= insight.score:
+            lines.append("gap: none, the scheduler's pick is optimal")
+        else:
+            gap = [b - a for a, b in zip(outcome.score, insight.score, strict=True)]
+            lines.append(
+                f"gap: {gap[0]} NVLink links, {gap[1]} same-NUMA pairs, "
+                f"{gap[2]} same-PCIe-root pairs"
+            )
+    text = "".join(f"# explain: {line}\n" for line in lines)
+    if insight.better_claim is None:
+        return text
+    got = insight.better
+    if got is None or got.allocation is None or got.score is None:
+        result = "on this node it would not be allocated"
+    elif outcome.score is not None and got.score <= outcome.score:
+        result = (
+            f"on this node it gets {gpus(got.gpus)} too: the node publishes no GPU set that "
+            "is the optimum here (see docs/topology.md, set budget)"
+        )
+    else:
+        result = f"on this node it gets {gpus(got.gpus)} ({_placement(got.score)})"
+    text += (
+        f"# explain: not topology-optimal; `dra-driver claim --gpus {len(outcome.gpus)}` "
+        f"writes this claim instead ({result}):\n"
+    )
+    text += "".join(
+        f"#   {line}\n"
+        for line in yaml.safe_dump(insight.better_claim, sort_keys=False).splitlines()
+    )
+    return text
 
 
 def _pairs(n: int) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from dra_driver.allocation import claim, placement, pools, selection
 
@@ -92,11 +92,15 @@ class Solver:
         *,
         weights: placement.Weights,
         pools_ok: bool,
+        conflict: Callable[[Sequence[int]], bool] | None = None,
     ) -> None:
+        """``conflict``: whether chosen devices cannot be allocated together (they share a
+        GPU's counter); ``None`` when no two candidates can conflict."""
         self.claim = parsed
         self.sel = sel
         self.weights = weights
         self.pools_ok = pools_ok  # no incomplete or invalid pool on the node
+        self.conflict = conflict
         self.n = len(sel.devices)
 
     def vectors(self) -> Iterator[list[claim.Request]]:
@@ -199,12 +203,16 @@ class Solver:
         exact = [j for j, n in enumerate(counts) if n]
         union = sorted({p for j in exact for p in inst.cands[j]})
         k = sum(counts)
-        if len(exact) <= 1 or all(inst.cands[j] == inst.cands[exact[0]] for j in exact):
+        simple = len(exact) <= 1 or all(inst.cands[j] == inst.cands[exact[0]] for j in exact)
+        conflict = self.conflict
+        if simple and conflict is None:
             found = placement.best_subset(self.weights, union, k, must=must)
         else:
 
             def feasible(items: tuple[int, ...]) -> bool:
-                return assign(counts, inst.cands, items) is not None
+                if conflict is not None and conflict((*must, *items)):
+                    return False
+                return simple or assign(counts, inst.cands, items) is not None
 
             found = placement.best_subset(self.weights, union, k, must=must, feasible=feasible)
         if found is not None:

@@ -85,6 +85,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(env CLEANUP_INTERVAL; 0 = never)",
     )
     parser.add_argument(
+        "--api-keepalive",
+        type=float,
+        default=float(env_default("API_KEEPALIVE", "30") or 30),
+        help="seconds after which an idle API server connection gets a cheap request, so the "
+        "server's idle cut-off (kube-apiserver: 90 s) never closes the warm pool "
+        "(env API_KEEPALIVE; 0 = no keep-alive)",
+    )
+    parser.add_argument(
         "--serial",
         action="store_true",
         default=env_default("PREPARE_SERIAL") == "true",
@@ -131,6 +139,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         dev_root=args.dev_root,
         boot_id_file=args.boot_id_file or checkpoint.BOOT_ID_FILE,
         serial=args.serial,
+        api_keepalive_s=max(0.0, args.api_keepalive),
         cleanup_interval_s=args.cleanup_interval,
         publish=not args.no_publish,
         health=healthflags.policy_from(args),
@@ -146,7 +155,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(args)
         devices = common.make_backend(args)
-        api = client.KubeClient.connect(settings.kubeconfig)
+        api = client.KubeClient.connect(
+            settings.kubeconfig,
+            connections=settings.api_connections,
+            max_connections=max(settings.workers, settings.api_connections),
+            keepalive_s=settings.api_keepalive_s,
+        )
     except (common.UsageError, backend.DiscoveryError, client.ConfigError) as exc:
         return common.fail(str(exc))
     registry = metrics.new()

@@ -1,10 +1,11 @@
 """``dra-driver simulate``: would this claim fit on this node, on which GPUs, and if not, why?
 
 A pod stuck Pending on a ResourceClaim is DRA's most common support question. This command
-answers it without a cluster: it allocates the claim the way kube-scheduler does (same verdict),
-picks the best NVLink/NUMA placement among the fitting choices, and prints the result in the
-shape of ``status.allocation`` (exit 0) or an explanation per request and device (exit 1).
-Bad input is one error line, exit 2.
+answers it without a cluster: it replays kube-scheduler's own search and prints the allocation
+the scheduler would write, in the shape of ``status.allocation`` (exit 0), or an explanation per
+request and device (exit 1). ``--explain`` adds the best placement the node has for as many
+GPUs, the gap to it, and for a claim that is not topology-optimal the claim ``dra-driver
+claim`` writes instead. Bad input is one error line, exit 2.
 
 Devices come from ``--slices`` (exported ResourceSlices), a fake profile (``--fake``,
 ``--fake-file``), ResourceSlices inside the claim file, or else this node's real GPUs.
@@ -73,6 +74,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=[],
         help="claims (with status.allocation) or allocation results "
         "whose devices are in use (repeatable)",
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="also print the optimum, the gap to it and, for a claim that is not "
+        "topology-optimal, the claim `dra-driver claim` would write instead",
     )
     parser.add_argument(
         "--driver-name",
@@ -150,12 +157,18 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
 def run(args: argparse.Namespace) -> int:
     try:
         inputs = gather(args)
-        outcomes = simulator.run(inputs)
+        if args.explain:
+            results = simulator.run_explained(inputs)
+        else:
+            results = [(o, None) for o in simulator.run(inputs)]
     except simulator.SimulateError as err:
         return common.fail(one_line(str(err)))
-    texts = [simulator.render(o, node_name=inputs.node_name) for o in outcomes]
+    names = simulator.gpu_names(inputs)
+    texts = [
+        simulator.render(o, node_name=inputs.node_name, insight=i, names=names) for o, i in results
+    ]
     print("---\n".join(texts), end="")
-    return 0 if all(o.allocated for o in outcomes) else 1
+    return 0 if all(o.allocated for o, _ in results) else 1
 
 
 def one_line(message: str) -> str:

@@ -76,10 +76,15 @@ def _story(report: Report, rig: rigging.Rig) -> None:
     slices = rig.slices()
     gpu0 = _devices(slices)["gpu-0"]
     report.block(yaml.safe_dump({"name": "gpu-0", "taints": gpu0.get("taints")}, sort_keys=False))
+    holding = {
+        n
+        for n in _devices(slices)
+        if n == "gpu-0" or (n.split("-")[0] == "gpus" and "0" in n.split("-"))
+    }
     report.check(
-        _generation(slices) == generation + 1,
-        f"pool generation {generation} → {_generation(slices)}; only gpu-0 is tainted: "
-        f"{sorted(_tainted(slices))}",
+        _generation(slices) == generation + 1 and _tainted(slices) == holding,
+        f"pool generation {generation} → {_generation(slices)}; tainted: gpu-0 and the "
+        f"{len(_tainted(slices) - {'gpu-0'})} GPU sets holding it",
     )
     report.say("\n  dra-driver discover --kubelet-plugins-dir ... (the agent's view):")
     table = _discover(rig)
@@ -205,7 +210,7 @@ def _wait(probe: Any, timeout_s: float = 30.0) -> Any:
 
 
 def _devices(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+    return {d["name"]: d for s in slices for d in s["spec"].get("devices", [])}
 
 
 def _tainted(slices: list[dict[str, Any]]) -> set[str]:

@@ -113,10 +113,17 @@ def stop_plugin(report: reporting.Report, plugin: sim.PluginProcess) -> None:
 def wait_for_slices(
     api: kube.KubeApi, *, driver_name: str, node_name: str, timeout_s: float = 15.0
 ) -> list[dict[str, Any]]:
+    """The node's slices once the whole pool is there: every slice its count announces, all of
+    one generation (not halfway through an update)."""
     deadline = time.monotonic() + timeout_s
     while True:
         slices, _ = api.list_resource_slices(driver=driver_name, node_name=node_name)
-        if slices or time.monotonic() > deadline:
+        pools = {
+            (s["spec"]["pool"]["resourceSliceCount"], s["spec"]["pool"]["generation"])
+            for s in slices
+        }
+        whole = len(pools) == 1 and next(iter(pools))[0] == len(slices)
+        if whole or time.monotonic() > deadline:
             return sorted(slices, key=lambda s: s["metadata"]["name"])
         time.sleep(0.05)
 
@@ -136,6 +143,16 @@ def trim(obj: dict[str, Any]) -> dict[str, Any]:
         "metadata": keep,
         "spec": obj["spec"],
     }
+
+
+def without_sets(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A slice for display: its GPU-set devices but the first left out (their names returned)."""
+    devices = obj["spec"].get("devices") or []
+    sets = [d for d in devices if (d.get("attributes") or {}).get("type") == {"string": "gpu-set"}]
+    if len(sets) <= 1:
+        return obj, []
+    kept = [d for d in devices if d not in sets[1:]]
+    return {**obj, "spec": {**obj["spec"], "devices": kept}}, [d["name"] for d in sets[1:]]
 
 
 def claim_from(docs: list[dict[str, Any]], *, name: str) -> dict[str, Any]:

@@ -34,11 +34,17 @@ ResourceClaim is gone).
 
 Cost (see ``benchmarks/ingredients.py``): a record is serialised by pydantic-core
 (``model_dump_json``, in Rust) and written with one ``write``; the commit flips the Started
-record in place (:meth:`Checkpoint.put`), so a claim's record costs one new inode, not two.
+record in place (:meth:`Checkpoint.put`). Record files are recycled: an unprepared claim's file
+is renamed to a spare name (``claims/.spare-<token>-<n>``, never ``*.json``, so nothing reads it
+as a record) instead of unlinked, and the next Started record is written into a spare and
+renamed to ``<uid>.json`` — each as atomic as a create or an unlink (a rename), but with no inode
+to allocate or free, which on a busy ext4 costs more than the rest of the record's I/O. Spares
+are this process's own (the token): start-up removes every spare it finds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -67,6 +73,8 @@ _STRICT = pydantic.ConfigDict(extra="forbid", frozen=True)
 _STARTED_FIELD: Final = b'"state":"PrepareStarted"'
 _COMPLETED_FIELD: Final = b'"state":"PrepareCompleted"'
 _STARTED_PADDED: Final = _STARTED_FIELD.ljust(len(_COMPLETED_FIELD))  # valid JSON whitespace
+SPARE_PREFIX: Final = ".spare-"
+MAX_SPARES: Final = 256  # recycled record files kept (one inode and block each)
 
 
 class CheckpointError(Exception):
@@ -151,7 +159,10 @@ class Checkpoint:
         self._files = os.fspath(self.claims_dir)
         self._dir_sync = atomicfile.DirSync(self.claims_dir)
         # Started records as written and open for their commit in place, until committed.
-        self._started: dict[str, tuple[bytes, int]] = {}
+        self._started: dict[str, tuple[ClaimRecord, bytes, int]] = {}
+        self._spares: list[str] = []  # recycled record files, by path (see the module doc)
+        self._spare_names = f"{self._files}/{SPARE_PREFIX}{secrets.token_hex(4)}-"
+        self._spares_made = 0
 
     def path(self, uid: str) -> Path:
         return self.claims_dir / f"{uid}.json"
@@ -170,6 +181,7 @@ class Checkpoint:
         self.claims_dir.mkdir(parents=True, exist_ok=True)
         atomicfile.remove_stale_temporaries(self.claims_dir)
         atomicfile.remove_stale_temporaries(self.directory)
+        self._remove_spares()
         earlier_boot = self._meta_boot(report) not in (None, self.boot_id)
         for path in sorted(self.claims_dir.glob("*.json")):
             if earlier_boot:  # by name only: files from before a power loss may be torn
@@ -261,32 +273,79 @@ class Checkpoint:
         if record.bootId != self.boot_id:
             raise CheckpointError(f"record for claim {record.uid} has a foreign boot ID")
         uid = record.uid
-        data = record.model_dump_json().encode() + b"\n"
         try:
             if record.state == PREPARE_STARTED:
+                data = record.model_dump_json().encode() + b"\n"
                 data = data.replace(_STARTED_FIELD, _STARTED_PADDED, 1)
                 self._drop_started(uid)
-                self._started[uid] = (data, atomicfile.create_open(self._file(uid), data))
-            elif not self._commit_in_place(uid, data):
+                self._started[uid] = (record, data, self._write_started(uid, data))
+            elif not self._commit_in_place(record):
+                data = record.model_dump_json().encode() + b"\n"
                 atomicfile.write_bytes(self._file(uid), data, dir_sync=self._dir_sync)
         except OSError as exc:
             raise CheckpointError(f"cannot write checkpoint for claim {uid}: {exc}") from exc
         with self._lock:
             self._records[uid] = record
 
-    def _commit_in_place(self, uid: str, completed: bytes) -> bool:
+    def _write_started(self, uid: str, data: bytes) -> int:
+        """Write ``data`` as ``<uid>.json`` through a spare (or new) file renamed into place;
+        return a descriptor open for writing to it (for the commit in place)."""
+        target = self._file(uid)
+        while True:
+            with self._lock:
+                spare = self._spares.pop() if self._spares else None
+            name = spare or self._new_spare_name()
+            flags = os.O_WRONLY | os.O_CLOEXEC | (0 if spare else os.O_CREAT | os.O_EXCL)
+            try:
+                fd = os.open(name, flags, 0o644)
+            except FileNotFoundError:
+                if spare is None:
+                    raise
+                continue  # removed behind our back (another instance's start-up): next one
+            try:
+                written = os.pwrite(fd, data, 0)
+                while written < len(data):
+                    written += os.pwrite(fd, memoryview(data)[written:], written)
+                if spare is not None:
+                    os.ftruncate(fd, len(data))
+                os.rename(name, target)
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+                raise
+            return fd
+
+    def _new_spare_name(self) -> str:
+        with self._lock:
+            self._spares_made += 1
+            return f"{self._spare_names}{self._spares_made}"
+
+    def _remove_spares(self) -> None:
+        with self._lock:
+            self._spares.clear()
+        for entry in os.scandir(self._files):
+            if entry.name.startswith(SPARE_PREFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+    def _commit_in_place(self, completed: ClaimRecord) -> bool:
         """Flip the Started record on disk to ``completed`` if that is its only difference."""
-        started = self._started.pop(uid, None)
+        started = self._started.pop(completed.uid, None)
         if started is None:
             return False
-        data, fd = started
+        record, data, fd = started
         try:
-            if data.replace(_STARTED_PADDED, _COMPLETED_FIELD, 1) != completed:
+            if not _same_but_state(record, completed):
                 return False
             os.pwrite(fd, _COMPLETED_FIELD, data.index(_STARTED_PADDED))
             os.fsync(fd)
-            if os.fstat(fd).st_nlink == 0:  # removed behind our back: write it whole again
+            st = os.fstat(fd)
+            # Removed or replaced behind our back: write it whole again.
+            if st.st_nlink == 0 or os.stat(self._file(completed.uid)).st_ino != st.st_ino:
                 return False
+        except FileNotFoundError:
+            return False
         finally:
             os.close(fd)
         self._dir_sync.sync()  # the Started record's name was not synced when it was linked
@@ -295,14 +354,34 @@ class Checkpoint:
     def _drop_started(self, uid: str) -> None:
         started = self._started.pop(uid, None)
         if started is not None:
-            os.close(started[1])
+            os.close(started[2])
 
     def delete(self, uid: str) -> None:
-        """Forget ``uid`` (idempotent)."""
+        """Forget ``uid`` (idempotent). Its file becomes a spare (or, with enough, goes)."""
         self._drop_started(uid)
+        path = self._file(uid)
+        with self._lock:
+            keep = len(self._spares) < MAX_SPARES
+        spare = self._new_spare_name() if keep else None
         try:
-            atomicfile.remove(self._file(uid), durable=False)
+            if spare is None:
+                atomicfile.remove(path, durable=False)
+            else:
+                os.rename(path, spare)
+                with self._lock:
+                    self._spares.append(spare)
+        except FileNotFoundError:
+            pass
         except OSError as exc:
             raise CheckpointError(f"cannot remove checkpoint of claim {uid}: {exc}") from exc
         with self._lock:
             self._records.pop(uid, None)
+
+
+def _same_but_state(a: ClaimRecord, b: ClaimRecord) -> bool:
+    """Whether two records differ at most in their state (fields compared directly: a Started
+    record is usually a shallow copy of the Completed one)."""
+    mine, theirs = a.__dict__, b.__dict__
+    return all(
+        value is theirs[k] or value == theirs[k] for k, value in mine.items() if k != "state"
+    )

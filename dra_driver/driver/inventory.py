@@ -5,16 +5,20 @@ MIG device (:func:`~dra_driver.devices.model.mig_device_name`) with the characte
 container needs to use it. MIG devices need the capability nodes under ``/dev/nvidia-caps`` whose
 minor numbers the kernel driver lists in ``/proc/driver/nvidia-caps/mig-minors``; in fake mode we
 make up stable ones, since those nodes are mapped to a harmless host node anyway.
+
+A GPU-set device (``gpus-0-1-4-5``, docs/topology.md) stands for the full GPUs its name lists:
+it is prepared as exactly those GPUs (their device nodes, their UUIDs in
+``NVIDIA_VISIBLE_DEVICES``). :func:`overlaps` finds a claim's devices that share a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dra_driver.devices import model
+from dra_driver.devices import gpusets, model
 
 MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
 _MIG_MINOR_LINE = re.compile(r"^(\S+)\s+(\d+)$")
@@ -25,18 +29,65 @@ class PreparableDevice:
     """A published device and what a container needs to use it."""
 
     name: str
-    kind: str  # "gpu" or "mig"
-    uuid: str
+    kind: str  # "gpu", "mig" or "gpu-set"
+    uuid: str  # a set: its members' UUIDs joined by "," in minor order
+    parent_minor: int  # a set: its first member's minor
     device_nodes: tuple[str, ...]  # container paths, e.g. /dev/nvidia0, /dev/nvidia-caps/...
     problem: str = ""  # non-empty: the device is known but cannot be prepared (why)
+    members: tuple[PreparableDevice, ...] = ()  # a set: its full GPUs
+
+    @property
+    def gpu_minors(self) -> tuple[int, ...]:
+        """The physical GPUs this device uses (a MIG device: part of its parent)."""
+        if self.members:
+            return tuple(m.parent_minor for m in self.members)
+        return (self.parent_minor,)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Inventory:
     devices: Mapping[str, PreparableDevice]
+    settable: frozenset[str] = frozenset()  # full GPUs not in MIG mode: what sets are made of
 
     def get(self, name: str) -> PreparableDevice | None:
-        return self.devices.get(name)
+        """The device published as ``name``; a set name maps to its member GPUs."""
+        found = self.devices.get(name)
+        if found is not None:
+            return found
+        minors = gpusets.parse_name(name)
+        if minors is None:
+            return None
+        members = [self.devices.get(f"gpu-{m}") for m in minors]
+        if any(m is None or m.name not in self.settable for m in members):
+            return None
+        full = tuple(m for m in members if m is not None)
+        return PreparableDevice(
+            name=name,
+            kind="gpu-set",
+            uuid=",".join(m.uuid for m in full),
+            parent_minor=full[0].parent_minor,
+            device_nodes=tuple(n for m in full for n in m.device_nodes),
+            problem="; ".join(m.problem for m in full if m.problem),
+            members=full,
+        )
+
+
+def overlaps(devices: Sequence[tuple[str, PreparableDevice]]) -> list[str]:
+    """Pairs of a claim's devices that use one physical GPU (``(result label, device)``).
+
+    A whole GPU (alone or in a set) may not appear twice, nor next to a MIG device of itself;
+    MIG devices of one GPU may. Returns one message per clash, naming both devices and the GPU.
+    """
+    clashes: list[str] = []
+    seen: dict[int, list[tuple[str, bool]]] = {}
+    for label, dev in devices:
+        whole = dev.kind != "mig"
+        for minor in dev.gpu_minors:
+            for other, other_whole in seen.get(minor, []):
+                if whole or other_whole:
+                    clashes.append(f"{other} and {label} both use GPU gpu-{minor}")
+            seen.setdefault(minor, []).append((label, whole))
+    return list(dict.fromkeys(clashes))
 
 
 def build(node: model.NodeDevices, *, mig_minors: Mapping[str, int] | None) -> Inventory:
@@ -51,6 +102,7 @@ def build(node: model.NodeDevices, *, mig_minors: Mapping[str, int] | None) -> I
             name=gpu.name,
             kind="gpu",
             uuid=gpu.uuid,
+            parent_minor=gpu.minor,
             device_nodes=(f"/dev/nvidia{gpu.minor}",),
         )
         for mig in gpu.mig_devices:
@@ -60,10 +112,12 @@ def build(node: model.NodeDevices, *, mig_minors: Mapping[str, int] | None) -> I
                 name=name,
                 kind="mig",
                 uuid=mig.uuid,
+                parent_minor=gpu.minor,
                 device_nodes=(f"/dev/nvidia{gpu.minor}", *nodes),
                 problem=problem,
             )
-    return Inventory(devices=devices)
+    settable = frozenset(g.name for g in node.gpus if not g.mig_enabled)
+    return Inventory(devices=devices, settable=settable)
 
 
 def _mig_nodes(

@@ -65,6 +65,12 @@ def targets(ref: claims.ClaimRef, planned: Sequence[cdi.Planned]) -> tuple[Targe
         sharing = item.config.sharing
         if sharing is None or sharing.strategy == "Exclusive":
             continue
+        if item.device.kind == "gpu-set":
+            interval = sharing.time_slicing.interval if sharing.time_slicing else "Default"
+            found += [
+                Target(device=m.name, uuid=m.uuid, interval=interval) for m in item.device.members
+            ]
+            continue
         if item.device.kind != "gpu":
             raise SharingError(
                 f"{ref}: device {item.device.name} (request {item.request}) is a MIG device; "
@@ -88,7 +94,7 @@ def recorded_targets(
     for dev in record.devices:
         known = devices.get(dev.deviceName)
         raw = dev.config.get("sharing")
-        if known is None or known.kind != "gpu" or raw is None:
+        if known is None or known.kind not in ("gpu", "gpu-set") or raw is None:
             continue
         try:
             sharing = config.Sharing.model_validate(raw)
@@ -97,7 +103,9 @@ def recorded_targets(
         if sharing.strategy != "TimeSlicing":
             continue
         interval = sharing.time_slicing.interval if sharing.time_slicing else "Default"
-        found.append(Target(device=known.name, uuid=known.uuid, interval=interval))
+        found += [
+            Target(device=g.name, uuid=g.uuid, interval=interval) for g in known.members or (known,)
+        ]
     return tuple(found)
 
 

@@ -280,6 +280,12 @@ class ClaimState:
             self._check_taints(ref, dev)
             cfg = config.effective(dev.configs, ref=ref)
             planned.append(cdi.Planned(device=known, request=dev.request_name, config=cfg))
+        clashes = inventory.overlaps([(p.device.name, p.device) for p in planned])
+        if clashes:
+            raise claims.ClaimError(
+                f"{ref}: refusing a claim whose devices overlap in physical GPUs: "
+                + "; ".join(clashes)
+            )
         return planned
 
     def _check_taints(self, ref: claims.ClaimRef, dev: claims.AllocatedDevice) -> None:

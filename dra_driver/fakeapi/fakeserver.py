@@ -7,12 +7,18 @@ This server speaks exactly the paths the driver uses, backed by
 :class:`~dra_driver.fakeapi.memory.InMemoryApi`, on 127.0.0.1 with an ephemeral port; tests
 start it in-process or as a subprocess (``python -m dra_driver.fakeapi.fakeserver``) and point
 a kubeconfig at it.
+
+Like a real API server it can serve TLS and require a client certificate (``tls``, a bundle from
+:mod:`dra_driver.fakeapi.certs`; the TLS handshake runs on the connection's own thread), and close
+kept-alive connections that stay idle (``idle_timeout_s``; kube-apiserver closes them after 90 s).
+It counts the connections it accepted and the TLS sessions resumed (``stats``, also served at
+``/fakeapi/stats``) so tests and benchmarks can see handshakes.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import base64
 import http.server
 import json
 import re
@@ -21,12 +27,15 @@ import socket
 import threading
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from dra_driver.fakeapi import memory, nodes
+from dra_driver.fakeapi import httpserver, memory, nodes
 from dra_driver.kube import api
+
+if TYPE_CHECKING:
+    from dra_driver.fakeapi import certs
 
 _GROUP = "/apis/resource.k8s.io/v1"
 _ROUTES: list[tuple[str, re.Pattern[str]]] = [
@@ -37,7 +46,16 @@ _ROUTES: list[tuple[str, re.Pattern[str]]] = [
     ("slices", re.compile(rf"^{_GROUP}/resourceslices$")),
     ("class", re.compile(rf"^{_GROUP}/deviceclasses/([^/]+)$")),
     ("classes", re.compile(rf"^{_GROUP}/deviceclasses$")),
+    ("version", re.compile(r"^/version$")),
+    ("stats", re.compile(r"^/fakeapi/stats$")),
 ]
+# What GET /version answers (the release the wire contracts were checked against).
+VERSION = {
+    "major": "1",
+    "minor": "36",
+    "gitVersion": "v1.36.2",
+    "platform": "linux/amd64",
+}
 _SELECTABLE = {"spec.driver": "driver", "spec.nodeName": "node_name"}
 _REASONS = {
     400: "BadRequest",
@@ -59,10 +77,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # segments would meet the client's delayed ACK and cost ~40 ms per request.
     disable_nagle_algorithm = True
     wbufsize = 1 << 16
-    server: _Server
+    server: httpserver.Server
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # quiet: tests read results, not access logs
+
+    def setup(self) -> None:
+        super().setup()
+        # A kept-alive connection idle this long is closed (the wait for the next request
+        # times out); None: never.
+        self.connection.settimeout(self.server.idle_timeout_s)
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -149,6 +173,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._json(201, mem.create_device_class(body))
         elif route == "class" and method == "GET":
             self._json(200, mem.get_device_class(args[0]))
+        elif route == "version" and method == "GET":
+            self._json(200, VERSION)
+        elif route == "stats" and method == "GET":
+            self._json(200, self.server.stats())
         else:
             raise api.ApiError(405, f"method {method} not allowed here", reason="MethodNotAllowed")
 
@@ -242,42 +270,28 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         )
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    api: memory.InMemoryApi
-    token: str | None
-
-    def __init__(self, address: tuple[str, int]) -> None:
-        super().__init__(address, _Handler)
-        self.open_connections: set[socket.socket] = set()
-        self.connections_lock = threading.Lock()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self.connections_lock:
-            self.open_connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self.connections_lock:
-            self.open_connections.discard(request)
-        super().shutdown_request(request)
-
-    def drop_connections(self) -> None:
-        """Close kept-alive connections too, as a stopped server's clients would see."""
-        with self.connections_lock:
-            for conn in list(self.open_connections):
-                with contextlib.suppress(OSError):
-                    conn.shutdown(socket.SHUT_RDWR)
-
-
 class FakeApiServer:
     """Serve ``api`` on 127.0.0.1:<ephemeral port> in a background thread."""
 
     def __init__(
-        self, api_: memory.InMemoryApi | None = None, *, port: int = 0, token: str | None = None
+        self,
+        api_: memory.InMemoryApi | None = None,
+        *,
+        port: int = 0,
+        token: str | None = None,
+        tls: certs.Bundle | None = None,
+        idle_timeout_s: float | None = None,
     ) -> None:
+        """``tls``: serve HTTPS and require a client certificate of that bundle's CA;
+        ``idle_timeout_s``: close a kept-alive connection idle that long (None: never)."""
         self.api = api_ if api_ is not None else memory.InMemoryApi()
-        self._httpd = _Server(("127.0.0.1", port))
+        self.tls = tls
+        self._httpd = httpserver.Server(
+            ("127.0.0.1", port),
+            _Handler,
+            tls=tls.server_context() if tls is not None else None,
+            idle_timeout_s=idle_timeout_s,
+        )
         self._httpd.api = self.api
         self._httpd.token = token
         self.token = token
@@ -286,7 +300,11 @@ class FakeApiServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host!s}:{port}"
+
+    def stats(self) -> dict[str, int]:
+        """Connections accepted, TLS sessions resumed, connections open now."""
+        return self._httpd.stats()
 
     def start(self) -> FakeApiServer:
         self._thread = threading.Thread(
@@ -307,7 +325,7 @@ class FakeApiServer:
             self._thread.join(timeout=5)
 
     def write_kubeconfig(self, path: Path) -> Path:
-        return write_kubeconfig(path, self.url, token=self.token)
+        return write_kubeconfig(path, self.url, token=self.token, tls=self.tls)
 
     def __enter__(self) -> FakeApiServer:
         return self.start()
@@ -316,14 +334,22 @@ class FakeApiServer:
         self.stop()
 
 
-def write_kubeconfig(path: Path, server_url: str, *, token: str | None = None) -> Path:
-    """Write a kubeconfig whose only context points at ``server_url``."""
+def write_kubeconfig(
+    path: Path, server_url: str, *, token: str | None = None, tls: certs.Bundle | None = None
+) -> Path:
+    """Write a kubeconfig whose only context points at ``server_url`` (with ``tls``: trusting
+    its CA and presenting its client certificate, all inline)."""
     user: dict[str, str] = {"token": token} if token else {}
+    cluster: dict[str, str] = {"server": server_url}
+    if tls is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(tls.ca_pem).decode()
+        user["client-certificate-data"] = base64.b64encode(tls.client_cert_pem).decode()
+        user["client-key-data"] = base64.b64encode(tls.client_key_pem).decode()
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": server_url}}],
+        "clusters": [{"name": "fake", "cluster": cluster}],
         "users": [{"name": "fake", "user": user}],
         "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
     }

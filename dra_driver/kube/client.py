@@ -40,18 +40,38 @@ class ConfigError(Exception):
 class KubeClient:
     """The port over HTTP. Thread-safe: the client library's connection pool is shared."""
 
-    def __init__(self, api_client: Any, *, timeout_s: float = 10.0, lean: bool = True) -> None:
-        """``lean=False`` sends every request through the library (as with a proxy)."""
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        timeout_s: float = 10.0,
+        lean: bool = True,
+        connections: int = 0,
+        max_connections: int = 32,
+        keepalive_s: float = 0.0,
+    ) -> None:
+        """``lean=False`` sends every request through the library (as with a proxy).
+
+        ``connections``: open that many connections to the server at once, in the background
+        (one per thread that may GET a claim at the same time, e.g. the gRPC workers), and with
+        ``keepalive_s`` keep them open (see :class:`~dra_driver.kube.transport.Transport`);
+        ``max_connections``: how many idle ones to keep at most (never fewer than
+        ``connections``)."""
         self._client = api_client
         self._timeout = (min(5.0, timeout_s), timeout_s)
         configuration = api_client.configuration
         self._transport = (
             transport.from_configuration(
-                configuration, timeouts=self._timeout, proxied=_proxied(configuration)
+                configuration,
+                timeouts=self._timeout,
+                proxied=_proxied(configuration),
+                max_idle=max(connections, max_connections),
             )
             if lean
             else None
         )
+        if self._transport is not None and connections > 0:
+            self._transport.start_pool(connections, keepalive_s=keepalive_s)
 
     @classmethod
     def connect(
@@ -61,8 +81,12 @@ class KubeClient:
         context: str | None = None,
         timeout_s: float = 10.0,
         lean: bool = True,
+        connections: int = 0,
+        max_connections: int = 32,
+        keepalive_s: float = 0.0,
     ) -> KubeClient:
-        """From ``kubeconfig`` (or ``$KUBECONFIG``), else the in-cluster service account."""
+        """From ``kubeconfig`` (or ``$KUBECONFIG``), else the in-cluster service account; the
+        connection settings are :meth:`__init__`'s."""
         path = kubeconfig or (
             Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
         )
@@ -86,8 +110,16 @@ class KubeClient:
         configuration.retries = urllib3.Retry(
             total=2, connect=2, read=0, status=0, redirect=0, other=0
         )
-        configuration.connection_pool_maxsize = 32  # one connection per prepare worker
-        return cls(kubernetes.client.ApiClient(configuration), timeout_s=timeout_s, lean=lean)
+        # The library's pool (watches, proxies): one connection per prepare worker.
+        configuration.connection_pool_maxsize = max(connections, max_connections)
+        return cls(
+            kubernetes.client.ApiClient(configuration),
+            timeout_s=timeout_s,
+            lean=lean,
+            connections=connections,
+            max_connections=max_connections,
+            keepalive_s=keepalive_s,
+        )
 
     def close(self) -> None:
         if self._transport is not None:

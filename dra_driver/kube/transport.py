@@ -7,42 +7,35 @@ CPU is what limits how many claims the GIL lets us prepare at once. Writing the 
 and parsing the status line and headers ourselves costs about a fifth of that.
 
 What it does, and no more: HTTP/1.1 requests with a ``Content-Length`` body; responses framed
-by ``Content-Length``, ``chunked`` transfer coding or connection close; a pool of idle
-connections (an idle connection the server has closed is noticed before reuse, as urllib3
-does); TLS with the client library's settings (CA file or data, client certificate, no-verify,
-TLS server name); the ``Authorization`` header taken from the library's configuration on every
-request (so refreshed tokens are used). A request is never re-sent once written: whether to retry
+by ``Content-Length``, ``chunked`` transfer coding or connection close (read by
+:mod:`dra_driver.kube.http1`); a pool of connections that can be opened up front and kept open
+past the server's idle cut-off, with TLS sessions resumed on reconnect (:class:`Transport`; an
+idle connection the server has closed is noticed before reuse); TLS with the client library's
+settings (CA file or data, client certificate, no-verify, TLS server name); the
+``Authorization`` header taken from the library's configuration on every request (so refreshed
+tokens are used). A request is never re-sent once written: whether to retry
 is the caller's decision. Proxies and streaming (watch) stay with the library
 (:func:`from_configuration` returns None when a proxy is configured).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import select
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from dra_driver import __version__
+from dra_driver.kube.http1 import MAX_LINE, read_response
+from dra_driver.kube.http1 import Response as Response
+from dra_driver.kube.http1 import TransportError as TransportError
 
-MAX_LINE = 65536
-MAX_HEADERS = 200
 CONNECT_ATTEMPTS = 3  # like the library's urllib3.Retry(connect=2)
-
-
-class TransportError(Exception):
-    """No (complete) response: connection refused, dropped, timed out or garbled."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Response:
-    status: int
-    headers: Mapping[str, str]  # lower-case names
-    body: bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,28 +101,51 @@ def from_configuration(
 
 
 class _Connection:
-    def __init__(self, endpoint: Endpoint, timeouts: tuple[float, float]) -> None:
+    __slots__ = ("fresh", "idle_since", "rfile", "sock", "tls")
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        timeouts: tuple[float, float],
+        session: ssl.SSLSession | None = None,
+    ) -> None:
         sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeouts[0])
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if endpoint.tls is not None:
                 sock = endpoint.tls.wrap_socket(
-                    sock, server_hostname=endpoint.server_hostname or endpoint.host
+                    sock, server_hostname=endpoint.server_hostname or endpoint.host, session=session
                 )
             sock.settimeout(timeouts[1])
         except BaseException:
             sock.close()
             raise
         self.sock = sock
+        self.tls = isinstance(sock, ssl.SSLSocket)
         self.rfile: BinaryIO = sock.makefile("rb", buffering=MAX_LINE)  # type: ignore[assignment]
+        self.idle_since = time.monotonic()
+        self.fresh = self.tls  # TLS, and its session not yet learnt (see Transport._give_back)
 
     def dropped(self) -> bool:
-        """An idle connection with something to read: the server closed it (or misbehaves)."""
+        """Whether an idle connection is unusable: the server closed it (or sent something
+        nobody asked for). A non-blocking read tells, and it must be TLS-aware: a TLS 1.3 server
+        sends session tickets after the handshake, which a client reads only with its next read,
+        so a fresh connection is readable without having been closed. Reading through TLS
+        consumes them (the pool then resumes from that session) and finds nothing (alive), the
+        end (closed, with or without a close_notify) or data (unusable)."""
+        sock = self.sock
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
+            timeout = sock.gettimeout()
+            sock.settimeout(0.0)
+            try:
+                sock.recv(1)  # data, or b"" (the end): unusable either way
+                return True
+            finally:
+                sock.settimeout(timeout)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+            return False  # nothing to read (TLS: after consuming any session tickets)
         except (OSError, ValueError):
             return True
-        return bool(readable)
 
     def close(self) -> None:
         self.rfile.close()
@@ -137,7 +153,17 @@ class _Connection:
 
 
 class Transport:
-    """Thread-safe: each request takes an idle connection or opens one."""
+    """Thread-safe: each request takes an idle connection or opens one.
+
+    The pool: idle connections are kept (up to ``max_idle``, which callers set to at least the
+    number of threads that may request at once) and reused oldest first; one the server closed is
+    noticed before use and replaced. :meth:`start_pool` opens ``size`` connections up front, so
+    the first burst of requests does not pay a handshake each, and — with ``keepalive_s`` — keeps
+    them open: an idle connection older than that gets a cheap request (``GET /version``) so the
+    server's idle cut-off (kube-apiserver: 90 s) never closes it, and closed ones are replaced in
+    the background. New TLS connections resume the last TLS session (no certificate exchange and
+    signatures: about half a full handshake's CPU on both sides).
+    """
 
     def __init__(
         self,
@@ -151,142 +177,182 @@ class Transport:
         self._authorization = authorization
         self._timeouts = timeouts
         self._max_idle = max_idle
-        self._idle: list[_Connection] = []
+        self._idle: collections.deque[_Connection] = collections.deque()
         self._lock = threading.Lock()
-        self._closed = False
+        self._closed = threading.Event()
+        self._session: ssl.SSLSession | None = None
+        self._head = (
+            f"HTTP/1.1\r\nHost: {endpoint.host_header}\r\nAccept: application/json\r\n"
+            f"User-Agent: dra-driver/{__version__}\r\n"
+        )
+        self._open = 0  # connections open: idle or in use
+        self._keeper: threading.Thread | None = None
+        self.connections_opened = 0
+        self.sessions_resumed = 0
 
     def request(self, method: str, path: str, *, body: bytes | None = None) -> Response:
         """Send one request (``path`` includes the query) and read the whole response."""
-        head = [
-            f"{method} {self.endpoint.base_path}{path} HTTP/1.1",
-            f"Host: {self.endpoint.host_header}",
-            "Accept: application/json",
-            f"User-Agent: dra-driver/{__version__}",
-        ]
+        head = f"{method} {self.endpoint.base_path}{path} {self._head}"
         token = self._authorization()
         if token:
-            head.append(f"Authorization: {token}")
+            head += f"Authorization: {token}\r\n"
         if body is not None:
-            head.append("Content-Type: application/json")
-            head.append(f"Content-Length: {len(body)}")
-        data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        data = (head + "\r\n").encode("latin-1")
+        if body:
+            data += body
         conn = self._take()
         try:
             conn.sock.sendall(data)
-            response, reusable = _read_response(conn.rfile, method)
+            response, reusable = read_response(conn.rfile, method)
         except (OSError, ValueError, TransportError) as exc:
-            conn.close()
+            self._discard(conn)
             raise TransportError(f"{method} {path}: {_describe(exc)}") from exc
         if reusable:
             self._give_back(conn)
         else:
-            conn.close()
+            self._discard(conn)
         return response
 
+    def start_pool(self, size: int, *, keepalive_s: float = 0.0) -> None:
+        """Open ``size`` connections in the background (failures are left to the requests);
+        with ``keepalive_s`` > 0, keep that many open for good (see the class docstring)."""
+        if size <= 0 or self._keeper is not None:
+            return
+        self._max_idle = max(self._max_idle, size)
+        self._keeper = threading.Thread(
+            target=self._keep, args=(size, keepalive_s), name="api-connections", daemon=True
+        )
+        self._keeper.start()
+
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
+            idle, self._idle = list(self._idle), collections.deque()
+            self._open -= len(idle)
         for conn in idle:
             conn.close()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join(timeout=5)
 
+    # ------------------------------------------------------------------ the pool
     def _take(self) -> _Connection:
         while True:
             with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            if conn is None:
-                break
+                conn = self._idle.popleft() if self._idle else None
+                if conn is None:
+                    self._open += 1  # the one opened below
+                    break
             if not conn.dropped():
                 return conn
-            conn.close()
+            self._discard(conn)
+        try:
+            return self._connect()
+        except TransportError:
+            with self._lock:
+                self._open -= 1
+            raise
+
+    def _connect(self) -> _Connection:
         error: Exception | None = None
         for _ in range(CONNECT_ATTEMPTS):
+            session = self._session
             try:
-                return _Connection(self.endpoint, self._timeouts)
+                conn = _Connection(self.endpoint, self._timeouts, session)
             except (OSError, ValueError) as exc:
                 error = exc
+                if session is not None and isinstance(exc, ssl.SSLError):
+                    self._session = None  # a session the server cannot take: start afresh
+                continue
+            self.connections_opened += 1
+            if conn.tls and conn.sock.session_reused:  # type: ignore[attr-defined]
+                self.sessions_resumed += 1
+            return conn
         raise TransportError(
             f"cannot connect to {self.endpoint.host_header}: {_describe(error)}"
         ) from error
 
     def _give_back(self, conn: _Connection) -> None:
+        if conn.fresh:  # a new TLS connection: once it has read a ticket, resume from it
+            session = conn.sock.session  # type: ignore[attr-defined]
+            if session is not None and session.has_ticket:
+                conn.fresh = False
+                self._session = session
+        conn.idle_since = time.monotonic()
         with self._lock:
-            if not self._closed and len(self._idle) < self._max_idle:
+            if not self._closed.is_set() and len(self._idle) < self._max_idle:
                 self._idle.append(conn)
                 return
+            self._open -= 1
         conn.close()
+
+    def _discard(self, conn: _Connection) -> None:
+        with self._lock:
+            self._open -= 1
+        conn.close()
+
+    def _keep(self, size: int, keepalive_s: float) -> None:
+        """The pool's thread: warm up, then (with ``keepalive_s``) keep warm."""
+        period = min(max(keepalive_s / 2, 0.1), 10.0)
+        while not self._closed.is_set():
+            self._refresh(keepalive_s)
+            self._fill(size)
+            if keepalive_s <= 0 or self._closed.wait(period):
+                return
+
+    def _fill(self, size: int) -> None:
+        """Open connections until ``size`` are open (the first one proves the server answers
+        and, over TLS, learns the session the others resume)."""
+        while not self._closed.is_set():
+            with self._lock:
+                if self._open >= size:
+                    return
+                self._open += 1
+            try:
+                conn = self._connect()
+            except TransportError:
+                with self._lock:
+                    self._open -= 1
+                return  # the server is not there: requests will say so, the next round retries
+            if conn.tls and self._session is None and not self._ping(conn):
+                return
+            self._give_back(conn)
+
+    def _refresh(self, keepalive_s: float) -> None:
+        """Drop connections the server closed; ping those idle longer than ``keepalive_s``."""
+        with self._lock:
+            count = len(self._idle)
+        for _ in range(count):
+            with self._lock:
+                if not self._idle:
+                    return
+                conn = self._idle.popleft()
+            if conn.dropped():
+                self._discard(conn)
+            elif keepalive_s > 0 and time.monotonic() - conn.idle_since >= keepalive_s:
+                if self._ping(conn):
+                    self._give_back(conn)
+            else:
+                with self._lock:  # a full rotation keeps the order: oldest used first
+                    self._idle.append(conn)
+
+    def _ping(self, conn: _Connection) -> bool:
+        """A cheap request on ``conn`` (any complete answer will do); False: it is gone."""
+        head = f"GET {self.endpoint.base_path}/version {self._head}"
+        token = self._authorization()
+        if token:
+            head += f"Authorization: {token}\r\n"
+        try:
+            conn.sock.sendall((head + "\r\n").encode("latin-1"))
+            _, reusable = read_response(conn.rfile, "GET")
+        except (OSError, ValueError, TransportError):
+            reusable = False
+        if not reusable:
+            self._discard(conn)
+        return reusable
 
 
 def _describe(exc: BaseException | None) -> str:
     if isinstance(exc, TimeoutError | socket.timeout):
         return "timed out"
     return str(exc) or type(exc).__name__
-
-
-def _readline(rfile: BinaryIO) -> bytes:
-    line = rfile.readline(MAX_LINE + 1)
-    if len(line) > MAX_LINE:
-        raise TransportError("response line too long")
-    return line
-
-
-def _read_response(rfile: BinaryIO, method: str) -> tuple[Response, bool]:
-    """One response (skipping 1xx); also whether the connection may be reused."""
-    while True:
-        status_line = _readline(rfile)
-        if not status_line:
-            raise TransportError("connection closed before a response")
-        parts = status_line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise TransportError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
-        status = int(parts[1])
-        headers: dict[str, str] = {}
-        for _ in range(MAX_HEADERS + 1):
-            line = _readline(rfile)
-            if line in (b"\r\n", b"\n"):
-                break
-            if not line:
-                raise TransportError("connection closed in the response headers")
-            name, colon, value = line.decode("latin-1").partition(":")
-            if not colon:
-                raise TransportError(f"malformed header line {line[:80]!r}")
-            key = name.strip().lower()
-            headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-        else:
-            raise TransportError("too many response headers")
-        if status >= 200:
-            break
-    tokens = {t.strip() for t in headers.get("connection", "").lower().split(",")}
-    reusable = "close" not in tokens and (parts[0] != b"HTTP/1.0" or "keep-alive" in tokens)
-    if method == "HEAD" or status in (204, 304):
-        return Response(status, headers, b""), reusable
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        return Response(status, headers, _read_chunked(rfile)), reusable
-    length = headers.get("content-length")
-    if length is None:  # the body runs until the server closes the connection
-        return Response(status, headers, rfile.read()), False
-    if not length.isdigit():
-        raise TransportError(f"bad Content-Length {length!r}")
-    body = rfile.read(int(length))
-    if len(body) != int(length):
-        raise TransportError(f"connection closed after {len(body)} of {length} body bytes")
-    return Response(status, headers, body), reusable
-
-
-def _read_chunked(rfile: BinaryIO) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        size_line = _readline(rfile).split(b";", 1)[0].strip()
-        try:
-            size = int(size_line, 16)
-        except ValueError:
-            raise TransportError(f"bad chunk size {size_line[:20]!r}") from None
-        if size == 0:
-            break
-        chunk = rfile.read(size)
-        if len(chunk) != size or _readline(rfile) not in (b"\r\n", b"\n"):
-            raise TransportError("connection closed inside a chunk")
-        chunks.append(chunk)
-    while _readline(rfile) not in (b"\r\n", b"\n", b""):  # trailer fields, ignored
-        pass
-    return b"".join(chunks)

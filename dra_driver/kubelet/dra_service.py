@@ -9,6 +9,7 @@ kubelet retries, never a crashed server.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol
@@ -51,26 +52,35 @@ class DraService:
         self.pb = pb
         self.share_ids = share_ids
         self.log = log
+        # Per call only what must be: the response classes and whether the per-call debug
+        # line is wanted (building its claim list for nothing showed up in the profile) are
+        # looked up once.
+        self._debug = log.is_enabled_for(logging.DEBUG)
+        self._prepare_response = pb.NodePrepareResourcesResponse
+        self._unprepare_response = pb.NodeUnprepareResourcesResponse
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         refs = claim_refs(request)
-        self.log.debug("NodePrepareResources", claims=[r.uid for r in refs])
+        if self._debug:
+            self.log.debug("NodePrepareResources", claims=[r.uid for r in refs])
         answers = self.plugin.prepare(refs)
-        response = self.pb.NodePrepareResourcesResponse()
+        response = self._prepare_response()
+        claims_out = response.claims
         for ref in refs:
             answer = answers.get(ref.uid) or results.PrepareResult(
                 error=f"{ref}: no result (internal error)"
             )
-            entry = response.claims[ref.uid]
+            entry = claims_out[ref.uid]
             if answer.error:
                 entry.error = answer.error
                 continue
+            add = entry.devices.add
             for device in answer.devices:
-                out = entry.devices.add(
-                    request_names=list(device.request_names),
+                out = add(
+                    request_names=device.request_names,
                     pool_name=device.pool_name,
                     device_name=device.device_name,
-                    cdi_device_ids=list(device.cdi_device_ids),
+                    cdi_device_ids=device.cdi_device_ids,
                 )
                 if self.share_ids and device.share_id:
                     out.share_id = device.share_id
@@ -78,11 +88,13 @@ class DraService:
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         refs = claim_refs(request)
-        self.log.debug("NodeUnprepareResources", claims=[r.uid for r in refs])
+        if self._debug:
+            self.log.debug("NodeUnprepareResources", claims=[r.uid for r in refs])
         answers = self.plugin.unprepare(refs)
-        response = self.pb.NodeUnprepareResourcesResponse()
+        response = self._unprepare_response()
+        claims_out = response.claims
         for ref in refs:
-            entry = response.claims[ref.uid]
+            entry = claims_out[ref.uid]
             error = answers.get(ref.uid, f"{ref}: no result (internal error)")
             if error:
                 entry.error = error

@@ -6,6 +6,12 @@ topology-aware claims possible, and how a pool is split over slices within the A
 Same hardware in, byte-identical slices out (devices sorted, maps built in a fixed order), so a
 restart changes nothing and the publisher writes nothing. A device that would break an API rule
 is left out and reported, so one bad device never hides the others.
+
+Layout of the pool: a slice with the shared per-GPU counters (when the node has full GPUs),
+then the devices in order: one per full GPU or MIG device (by minor), then the GPU-set devices
+(:mod:`.gpusets`), by size and best first; 64 devices per slice once they consume counters. A
+later pass over the devices (taints, say) finds the GPUs of any device with
+:func:`gpusets.gpu_uuids`.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 
 from dra_driver.apimachinery import semver
 from dra_driver.devices import model, topology
-from dra_driver.slices import validate
+from dra_driver.slices import gpusets, validate
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -49,14 +55,18 @@ def build(
     driver_name: str = DEFAULT_DRIVER_NAME,
     node_uid: str | None = None,
     generation: int = 1,
+    gpu_sets: bool = True,
     decorate: Callable[[list[Obj]], None] | None = None,
 ) -> Build:
     """The complete desired set of ResourceSlices for ``node_name``: one pool named after it.
 
-    ``decorate`` is a pass over the device entries before they are checked and split into
-    slices (e.g. :func:`dra_driver.slices.taints.decorator` adds the taints of unhealthy GPUs;
-    tainted devices lower the per-slice limit, which the split honours). Raises
-    :class:`BuildError` when the node or driver name itself breaks an API rule.
+    ``gpu_sets=False`` leaves out the shared counters and GPU-set devices: one device per GPU
+    or MIG device, as before the sets (for clusters without DRAPartitionableDevices, which
+    cannot allocate devices that consume counters). ``decorate`` is a pass over all device
+    entries, GPU sets included, before they are checked and split into slices (e.g.
+    :func:`dra_driver.slices.taints.decorator` adds the taints of unhealthy GPUs; tainted
+    devices lower the per-slice limit, which the split honours). Raises :class:`BuildError`
+    when the node or driver name itself breaks an API rule.
     """
     empty = validate.validate(_slice(node_name, driver_name, [], 0, 1, generation, node_uid))
     if empty:
@@ -65,9 +75,29 @@ def build(
             f"{driver_name!r}: " + "; ".join(str(e) for e in empty)
         )
     problems: list[str] = []
-    entries = device_entries(devices, problems)
+    kept = _valid(device_entries(devices, problems), node_name, driver_name, generation, problems)
+    checked = len(kept)  # sets are only made of GPUs whose own device is valid
+    counter_sets = gpusets.add(devices, kept, memory_text=bytes_quantity) if gpu_sets else []
     if decorate is not None:
-        decorate(entries)
+        decorate(kept)
+        checked = 0  # a pass may change any device
+    kept[checked:] = _valid(kept[checked:], node_name, driver_name, generation, problems)
+    chunks: list[tuple[list[Obj], list[Obj]]] = [
+        ([], counter_sets[i : i + validate.MAX_COUNTER_SETS])
+        for i in range(0, len(counter_sets), validate.MAX_COUNTER_SETS)
+    ]
+    chunks += [(chunk, []) for chunk in split(kept)]
+    slices = [
+        _slice(node_name, driver_name, chunk, i, len(chunks), generation, node_uid, shared)
+        for i, (chunk, shared) in enumerate(chunks)
+    ]
+    return Build(slices=slices, problems=problems)
+
+
+def _valid(
+    entries: list[Obj], node_name: str, driver_name: str, generation: int, problems: list[str]
+) -> list[Obj]:
+    """The devices the API server would accept (each alone in a slice); the rest reported."""
     kept: list[Obj] = []
     for device in entries:
         errors = validate.validate(_slice(node_name, driver_name, [device], 0, 1, generation, None))
@@ -78,12 +108,7 @@ def build(
             )
         else:
             kept.append(device)
-    chunks = split(kept)
-    slices = [
-        _slice(node_name, driver_name, chunk, i, len(chunks), generation, node_uid)
-        for i, chunk in enumerate(chunks)
-    ]
-    return Build(slices=slices, problems=problems)
+    return kept
 
 
 def split(devices: list[Obj]) -> list[list[Obj]]:
@@ -104,13 +129,18 @@ def split(devices: list[Obj]) -> list[list[Obj]]:
     return chunks
 
 
-def slice_name(node_name: str, driver_name: str, index: int) -> str:
-    """``<node>-<driver>-<index>``, shortened with a hash when it would exceed 253 characters."""
-    name = f"{node_name}-{driver_name.lower()}-{index}"
+def slice_name(node_name: str, driver_name: str, index: int, count: int = 1) -> str:
+    """``<node>-<driver>-<index>``, shortened with a hash when it would exceed 253 characters.
+
+    The index is zero-padded to the width of the largest one, so that the scheduler, which
+    tries a pool's slices in name order, tries them in index order.
+    """
+    number = str(index).zfill(len(str(max(count - 1, 0))))
+    name = f"{node_name}-{driver_name.lower()}-{number}"
     if len(name) <= 253:
         return name
     digest = hashlib.sha256(f"{node_name}/{driver_name}".encode()).hexdigest()[:10]
-    return f"{node_name[:200].rstrip('-.')}-{digest}-{index}"
+    return f"{node_name[:200].rstrip('-.')}-{digest}-{number}"
 
 
 def device_entries(devices: model.NodeDevices, problems: list[str] | None = None) -> list[Obj]:
@@ -223,8 +253,9 @@ def _slice(
     count: int,
     generation: int,
     node_uid: str | None,
+    shared_counters: list[Obj] | None = None,
 ) -> Obj:
-    metadata: Obj = {"name": slice_name(node_name, driver_name, index)}
+    metadata: Obj = {"name": slice_name(node_name, driver_name, index, count)}
     if node_uid is not None:
         metadata["ownerReferences"] = [
             {
@@ -235,14 +266,18 @@ def _slice(
                 "controller": True,
             }
         ]
+    spec: Obj = {
+        "driver": driver_name,
+        "nodeName": node_name,
+        "pool": {"name": node_name, "generation": generation, "resourceSliceCount": count},
+    }
+    if shared_counters:
+        spec["sharedCounters"] = shared_counters
+    else:
+        spec["devices"] = devices
     return {
         "apiVersion": validate.API_VERSION,
         "kind": validate.KIND,
         "metadata": metadata,
-        "spec": {
-            "driver": driver_name,
-            "nodeName": node_name,
-            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": count},
-            "devices": devices,
-        },
+        "spec": spec,
     }

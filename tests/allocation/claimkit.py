@@ -115,3 +115,7 @@ def rclaim(
 
 
 GPU_CLASS = device_class("gpu", f'device.driver == "{DRIVER}"')
+# Whole GPUs only, as the shipped gpu.nvidia.com class: leaves out MIG devices and GPU sets.
+WHOLE_GPU_CLASS = device_class(
+    "gpu", f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+)

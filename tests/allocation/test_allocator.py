@@ -10,6 +10,7 @@ from claimkit import (
     DRIVER,
     GPU_CLASS,
     NODE,
+    WHOLE_GPU_CLASS,
     Obj,
     device,
     device_class,
@@ -76,6 +77,26 @@ def alloc(
         allocated=allocated,
         **kwargs,
     )
+
+
+def best(
+    the_claim: Obj,
+    slices: Sequence[Obj] | None = None,
+    *,
+    classes: Sequence[Obj] = (GPU_CLASS,),
+    allocated: Sequence[pools.DeviceId] = (),
+    **kwargs: Any,
+) -> allocator.Outcome:
+    """The optimum (``simulate --explain``), not the scheduler's pick."""
+    ctx = allocator.prepare(
+        the_claim,
+        slices=slices if slices is not None else [rslice(MIXED)],
+        classes=classes,
+        node_name=NODE,
+        allocated=allocated,
+        **kwargs,
+    )
+    return allocator.optimum(ctx)
 
 
 def picked(outcome: allocator.Outcome) -> list[tuple[str, str]]:
@@ -373,37 +394,61 @@ def test_duplicate_device_names_make_a_pool_invalid() -> None:
 def test_topology_choice_on_dgx1(profile_slices: ProfileSlices) -> None:
     slices, devices = profile_slices("dgx-1-v100")
     for node_devices in (devices, None):  # exact link counts, or attributes only
-        outcome = alloc(
-            rclaim(request("g", count=4)), slices, classes=[GPU_CLASS], node_devices=node_devices
+        outcome = best(
+            rclaim(request("g", count=4)),
+            slices,
+            classes=[WHOLE_GPU_CLASS],
+            node_devices=node_devices,
         )
         assert [d for _, d in picked(outcome)] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
-    outcome = alloc(
+    used = [(DRIVER, NODE, "gpu-0")]
+    optimum = best(
         rclaim(request("g", count=4)),
         slices,
+        classes=[WHOLE_GPU_CLASS],
         node_devices=devices,
-        allocated=[(DRIVER, NODE, "gpu-0")],
+        allocated=used,
     )
-    assert [d for _, d in picked(outcome)] == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]
-    assert outcome.score == (9, 6, 6)
+    assert [d for _, d in picked(optimum)] == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+    assert optimum.score == (9, 6, 6)
+    # The scheduler takes the first free GPUs (as the real one did on these slices).
+    first = alloc(
+        rclaim(request("g", count=4)),
+        slices,
+        classes=[WHOLE_GPU_CLASS],
+        node_devices=devices,
+        allocated=used,
+    )
+    assert [d for _, d in picked(first)] == ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]
+    assert first.score == (5, 3, 3)
 
 
 def test_topology_choice_across_requests(profile_slices: ProfileSlices) -> None:
     slices, devices = profile_slices("h100-nvl-pairs")
     used = [(DRIVER, NODE, "gpu-0")]
-    outcome = alloc(
-        rclaim(request("a"), request("b")), slices, node_devices=devices, allocated=used
-    )
-    # First-fit would take gpu-1 and gpu-2; the bridged pair 2-3 is the better choice.
+    the_claim = rclaim(request("a"), request("b"))
+    whole = [WHOLE_GPU_CLASS]
+    outcome = best(the_claim, slices, classes=whole, node_devices=devices, allocated=used)
+    # First-fit takes gpu-1 and gpu-2; the bridged pair 2-3 is the better choice.
     assert picked(outcome) == [("a", "gpu-2"), ("b", "gpu-3")]
     assert outcome.score == (12, 1, 0)
+    first = alloc(the_claim, slices, classes=whole, node_devices=devices, allocated=used)
+    assert picked(first) == [("a", "gpu-1"), ("b", "gpu-2")]
+    assert first.score == (0, 0, 0)
 
 
 def test_h100_nvl_pairs(profile_slices: ProfileSlices) -> None:
     slices, devices = profile_slices("h100-nvl-pairs")
     island = {"matchAttribute": "gpu.nvidia.com/nvlinkIsland"}
-    two = alloc(rclaim(request("g", count=2), constraints=[island]), slices, node_devices=devices)
+    whole = [WHOLE_GPU_CLASS]
+    two = alloc(
+        rclaim(request("g", count=2), constraints=[island]),
+        slices,
+        classes=whole,
+        node_devices=devices,
+    )
     assert [d for _, d in picked(two)] == ["gpu-0", "gpu-1"]
-    four = alloc(rclaim(request("g", count=4), constraints=[island]), slices)
+    four = alloc(rclaim(request("g", count=4), constraints=[island]), slices, classes=whole)
     assert not four.allocated
     assert any(
         "no 4 devices share gpu.nvidia.com/nvlinkIsland (largest group: 2" in line

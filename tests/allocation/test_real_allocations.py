@@ -122,6 +122,11 @@ def test_simulate_with_the_other_claims_allocated(
     _check_same_constraints(the_claim, got)
     busy = {r["device"] for c in others for r in c["status"]["allocation"]["devices"]["results"]}
     assert not busy & {r["device"] for r in got["devices"]["results"]}
+    # simulate prints the scheduler's own pick: exactly the devices, in the real result order.
+    want = the_claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["request"], r["device"]) for r in got["devices"]["results"]] == [
+        (r["request"], r["device"]) for r in want
+    ]
 
 
 def _replay(order: tuple[dict[str, Any], ...]) -> bool:

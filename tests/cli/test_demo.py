@@ -25,7 +25,9 @@ def test_demo_default_profile_runs_green() -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "fake profile 'dgx-h100'" in out
-    assert "published 1 ResourceSlice(s) with 8 device(s)" in out
+    # A slice of per-GPU counters; the 8 GPUs and 83 GPU sets in two slices of up to 64.
+    assert "published 3 ResourceSlice(s) with 91 device(s)" in out
+    assert "... and 55 GPU-set devices (docs/topology.md): gpus-2-3, " in out
     assert "[FAILED]" not in out
     # Every example but the one that cannot fit is prepared and unprepared.
     for example in (
@@ -42,13 +44,31 @@ def test_demo_default_profile_runs_green() -> None:
     assert "allocated: gpu-" in out and "(request gpu/h100)" in out
     assert '"kind": "k8s.gpu.nvidia.com/claim"' in out
     # The health scene: a GPU fails, is tainted, and recovers.
-    assert "Scene 2 of 2: health" in out
+    assert "Scene 2 of 3: health" in out
     assert "key: gpu.nvidia.com/xid" in out and "effect: NoExecute" in out
     assert "[ok] discover shows gpu-0 Unhealthy (xid=79)" in out
     assert "[ok] an eight-GPU claim no longer fits:" in out
     assert "[ok] the eight-GPU claim fits again" in out
     assert "[ok] discover: gpu-0 Healthy, recoveries 2" in out
     assert out.rstrip().endswith("demo OK: every step did what it must.")
+
+
+def test_topology_scene_shows_the_plain_and_the_generated_claim() -> None:
+    out = io.StringIO()
+    code = demo.run(
+        backend=fake.FakeBackend.from_name("pcie-l4"),  # ignored: the scene brings its DGX-1
+        node_name="n1",
+        driver_name="gpu.nvidia.com",
+        out=out,
+        scenes=["topology"],
+    )
+    text = out.getvalue()
+    assert code == 0, text[-3000:]
+    assert "kube-scheduler allocates: gpu-1, gpu-2, gpu-3, gpu-4\n" in text
+    assert "5 NVLink links between them; the best 4 free GPUs (gpu-4, gpu-5, gpu-6, gpu-7)" in text
+    assert "kube-scheduler allocates: gpus-4-5-6-7 = gpu-4, gpu-5, gpu-6, gpu-7" in text
+    assert "[ok] CDI device nodes: /dev/nvidia4, /dev/nvidia5, /dev/nvidia6, /dev/nvidia7" in text
+    assert "gpus-4-5 and gpu-5 both use GPU gpu-5" in text
 
 
 def test_demo_on_mig_profile_prepares_a_mig_device() -> None:

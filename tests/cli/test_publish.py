@@ -47,9 +47,12 @@ def test_once_publishes_then_writes_nothing(
         command(kubeconfig, "--once"), capture_output=True, text=True, timeout=60, check=False
     )
     assert first.returncode == 0, first.stderr
-    (obj,) = server.api.all_resource_slices()
-    assert obj["metadata"]["ownerReferences"][0]["uid"] == "uid-n1"
-    assert len(obj["spec"]["devices"]) == 8
+    stored = sorted(server.api.all_resource_slices(), key=lambda s: s["metadata"]["name"])
+    assert all(obj["metadata"]["ownerReferences"][0]["uid"] == "uid-n1" for obj in stored)
+    # A slice of per-GPU counters, then the 8 GPUs and the 83 GPU sets of a DGX H100.
+    assert "sharedCounters" in stored[0]["spec"]
+    devices = [d["name"] for obj in stored[1:] for d in obj["spec"]["devices"]]
+    assert devices[:8] == [f"gpu-{i}" for i in range(8)] and len(devices) == 8 + 83
     server.api.reset_calls()
     again = subprocess.run(
         command(kubeconfig, "--once"), capture_output=True, text=True, timeout=60, check=False
@@ -86,14 +89,22 @@ def test_runs_until_sigterm_and_recreates_a_deleted_slice(
     proc = subprocess.Popen(command(kubeconfig), stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
-        while not server.api.all_resource_slices():
+
+        def generations() -> dict[str, int]:
+            return {
+                s["metadata"]["name"]: s["spec"]["pool"]["generation"]
+                for s in server.api.all_resource_slices()
+            }
+
+        while len(generations()) < 3:  # the whole pool: counters and two device slices
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.02)
         server.api.remove_resource_slice("n1-gpu.nvidia.com-0")
-        while not server.api.all_resource_slices():
+        # Recreated, and the whole pool moves to the next generation.
+        while set(generations().values()) != {2} or len(generations()) < 3:
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.02)
-        assert server.api.all_resource_slices()[0]["spec"]["pool"]["generation"] == 2
+        assert sorted(generations()) == [f"n1-gpu.nvidia.com-{i}" for i in range(3)]
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)

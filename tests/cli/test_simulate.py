@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from dra_driver import cli, examples
+from dra_driver.allocation import claimgen
 from dra_driver.devices import fake
 from dra_driver.slices import build
 
@@ -120,7 +121,10 @@ def test_pod_less_file_with_claim_class_and_slices(
     # The same devices, now in use by another claim, leave too few.
     used = write(tmp_path / "used.yaml", yaml.safe_load(out)["devices"])
     code, out, _ = main(capsys, path, "--allocated", used)
-    assert code == 1 and "1 of 4 usable" in out
+    # A class selecting by product alone also selects the GPU sets of uniform product (classes
+    # should select a type, as the shipped ones do); the sets are blocked by the used GPUs.
+    assert code == 1 and "1 of 7 usable" in out
+    assert "gpus-0-1, gpus-2-3, gpus-0-1-2: uses a GPU that an allocated device holds" in out
 
 
 def test_slices_flag_and_node_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -173,3 +177,57 @@ def test_fake_file_and_class_file(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_claim_file_without_a_claim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = main(capsys, write(tmp_path / "p.yaml", {"kind": "Pod"}), "--fake", "dgx-h100")
     assert code == 2 and "no ResourceClaim or ResourceClaimTemplate in it" in err
+
+
+def _taken(tmp_path: Path, *names: str) -> str:
+    results = [{"driver": "gpu.nvidia.com", "pool": "fake-node", "device": n} for n in names]
+    return write(tmp_path / "taken.yaml", results)
+
+
+def test_explain_shows_the_optimum_the_gap_and_the_better_claim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = write(tmp_path / "plain.yaml", claimgen.claim(4, nvlink="any", name="plain"))
+    args = ["--fake", "dgx-1-v100", "--allocated", _taken(tmp_path, "gpu-0"), "--explain"]
+    code, out, _ = main(capsys, plain, *args)
+    assert code == 0
+    lines = [ln for ln in out.splitlines() if ln.startswith("# explain:")]
+    assert lines[0].startswith("# explain: scheduler's pick: gpu-1, gpu-2, gpu-3, gpu-4 (5 NVLink")
+    assert lines[1].startswith("# explain: optimum: gpu-4, gpu-5, gpu-6, gpu-7 (9 NVLink links")
+    assert lines[2] == "# explain: gap: 4 NVLink links, 3 same-NUMA pairs, 3 same-PCIe-root pairs"
+    assert (
+        "`dra-driver claim --gpus 4` writes this claim instead (on this node it gets gpu-4, "
+        in (lines[3])
+    )
+    suggested = yaml.safe_load(
+        "\n".join(ln[4:] for ln in out.splitlines() if ln.startswith("#   "))
+    )
+    assert suggested == claimgen.claim(4, name="plain-best")
+    # Without --explain the output is the allocation alone.
+    code, quiet, _ = main(capsys, plain, *args[:-1])
+    assert code == 0 and "# explain" not in quiet
+
+
+def test_explain_of_the_generated_claim_finds_no_gap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    best = write(tmp_path / "best.yaml", claimgen.claim(4))
+    args = ["--fake", "dgx-1-v100", "--allocated", _taken(tmp_path, "gpu-0"), "--explain"]
+    code, out, _ = main(capsys, best, *args)
+    assert code == 0
+    assert "device: gpus-4-5-6-7" in out
+    assert "# explain: gap: none, the scheduler's pick is optimal" in out
+
+
+def test_explain_says_when_the_node_publishes_no_optimal_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the 16-GPU mesh the set budget leaves some occupancies without their optimum."""
+    taken = [f"gpu-{i}" for i in (1, 3, 4, 5, 7, 8, 9, 11, 15)]
+    best = write(tmp_path / "best.yaml", claimgen.claim(4))
+    args = ["--fake", "hgx-16-mesh", "--allocated", _taken(tmp_path, *taken), "--explain"]
+    code, out, _ = main(capsys, best, *args)
+    assert code == 0
+    assert "# explain: scheduler's pick: gpu-2, gpu-6, gpu-10, gpu-14 (6 NVLink links" in out
+    assert "# explain: optimum: gpu-6, gpu-12, gpu-13, gpu-14 (6 NVLink links" in out
+    assert "the node publishes no GPU set that is the optimum here" in out

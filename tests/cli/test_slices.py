@@ -28,11 +28,15 @@ def test_dgx_h100_prints_valid_multi_document_yaml_identically_every_time() -> N
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout  # byte-identical across runs
     docs = list(yaml.safe_load_all(first.stdout))
-    assert first.stdout.startswith("---\n") and len(docs) == 1
+    # The per-GPU counters, then 64 devices (the limit once they consume counters), then 27.
+    assert first.stdout.startswith("---\n") and len(docs) == 3
     for doc in docs:
         assert kubernetes_validate.validate(doc, "1.37.0", strict=True)
-    islands = {d["attributes"]["nvlinkIsland"]["string"] for d in docs[0]["spec"]["devices"]}
-    assert islands == {"island-0"} and len(docs[0]["spec"]["devices"]) == 8
+    assert "sharedCounters" in docs[0]["spec"]
+    devices = [d for doc in docs[1:] for d in doc["spec"]["devices"]]
+    gpus = [d for d in devices if d["attributes"]["type"]["string"] == "gpu"]
+    islands = {d["attributes"]["nvlinkIsland"]["string"] for d in gpus}
+    assert islands == {"island-0"} and len(gpus) == 8 and len(devices) == 8 + 83
 
 
 def test_nvl_pairs_two_islands_json_output_and_driver_name() -> None:
@@ -48,9 +52,10 @@ def test_nvl_pairs_two_islands_json_output_and_driver_name() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    (obj,) = doc["items"]
-    assert obj["spec"]["driver"] == "gpu.example.com"
-    assert len({d["attributes"]["nvlinkIsland"]["string"] for d in obj["spec"]["devices"]}) == 2
+    counters, obj = doc["items"]
+    assert counters["spec"]["driver"] == obj["spec"]["driver"] == "gpu.example.com"
+    gpus = [d for d in obj["spec"]["devices"] if d["attributes"]["type"]["string"] == "gpu"]
+    assert len({d["attributes"]["nvlinkIsland"]["string"] for d in gpus}) == 2
 
 
 def test_large_profile_file_splits(tmp_path: Path) -> None:
@@ -64,8 +69,11 @@ def test_large_profile_file_splits(tmp_path: Path) -> None:
     proc = run("--node-name", "n1", "--fake-file", str(profile))
     assert proc.returncode == 0, proc.stderr
     docs = list(yaml.safe_load_all(proc.stdout))
-    assert [len(d["spec"]["devices"]) for d in docs] == [128, 2]
-    assert {d["spec"]["pool"]["resourceSliceCount"] for d in docs} == {2}
+    # 130 GPUs: counter sets of 32 in the first slice, then 64 devices per slice (they consume
+    # counters); no GPU sets beyond 16 GPUs.
+    assert [len(d["spec"].get("devices", [])) for d in docs] == [0, 64, 64, 2]
+    assert len(docs[0]["spec"]["sharedCounters"]) == 5
+    assert {d["spec"]["pool"]["resourceSliceCount"] for d in docs} == {4}
 
 
 def test_usage_errors_are_one_clear_line() -> None:

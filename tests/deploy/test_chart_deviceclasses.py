@@ -39,8 +39,12 @@ def test_chart_renders_the_package_device_classes(rc: ModuleType, driver: str) -
 
 
 def test_defaults_leave_out_the_extended_resource_class(rc: ModuleType) -> None:
-    assert sorted(_chart_classes(rc, {})) == ["gpu.nvidia.com", "mig.nvidia.com"]
-    only_gpu = _chart_classes(rc, {"deviceClasses": {"mig": False}})
+    assert sorted(_chart_classes(rc, {})) == [
+        "gpu-set.nvidia.com",
+        "gpu.nvidia.com",
+        "mig.nvidia.com",
+    ]
+    only_gpu = _chart_classes(rc, {"deviceClasses": {"mig": False, "gpuSet": False}})
     assert sorted(only_gpu) == ["gpu.nvidia.com"]
 
 

@@ -36,7 +36,7 @@ def test_a_failed_started_write_raises_and_is_not_indexed(
     def fail(*_: object, **__: object) -> int:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(atomicfile, "create_open", fail)
+    monkeypatch.setattr(s, "_write_started", fail)  # where the Started record reaches disk
     with pytest.raises(checkpoint.CheckpointError, match=r"claim u1: .*No space left"):
         s.put(record("u1", state="PrepareStarted"))
     assert s.get("u1") is None and s.records() == []

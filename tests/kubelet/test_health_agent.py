@@ -40,7 +40,15 @@ class Agent:
         return sorted(found, key=lambda s: s["metadata"]["name"])
 
     def devices(self) -> dict[str, Obj]:
-        return {d["name"]: d for s in self.slices() for d in s["spec"]["devices"]}
+        return {d["name"]: d for s in self.slices() for d in s["spec"].get("devices", [])}
+
+    def whole_pool(self) -> bool:
+        """Every slice of the pool (counters, devices) is there, all of one generation."""
+        pools = {
+            (s["spec"]["pool"]["resourceSliceCount"], s["spec"]["pool"]["generation"])
+            for s in self.slices()
+        }
+        return len(pools) == 1 and next(iter(pools))[0] == len(self.slices())
 
     def generation(self) -> int:
         return int(self.slices()[0]["spec"]["pool"]["generation"])
@@ -83,7 +91,7 @@ def start_agent(base: Path, server: fakeserver.FakeApiServer, *flags: str) -> Ag
     proc.start()
     proc.wait_ready()
     agent = Agent(proc, server)
-    agent.wait(agent.slices)
+    agent.wait(agent.whole_pool)
     return agent
 
 
@@ -128,17 +136,21 @@ def test_each_event_kind_taints_the_device_and_recovery_clears_it(
     out = agent.fake_event("--gpu", index, *args)
     assert f"GPU {index} (GPU-" in out
     latency = agent.wait(lambda: taints(agent, device))
+    agent.wait(agent.whole_pool)
     record_property("seconds_to_taint", round(latency, 3))
     key, value, effect = taint
     assert {"key": key, "value": value, "effect": effect} in taints(agent, device)
     assert agent.generation() == generation + 1  # one bump for the change
-    assert all(taints(agent, d) == [] for d in agent.devices() if d != device)
+    # Besides the GPU's own device, only the GPU sets holding it carry its taint.
+    holding = {d for d in agent.devices() if d.startswith("gpus-") and index in d.split("-")}
+    assert holding and all(taints(agent, d) == taints(agent, device) for d in holding)
+    assert all(taints(agent, d) == [] for d in agent.devices() if d not in {device, *holding})
     for s in agent.slices():
         assert validate.validate(s) == []
     assert agent.status()[device]["health"] == "Unhealthy"
 
     agent.fake_event("--gpu", index, "--recovered")
-    agent.wait(lambda: not taints(agent, device))
+    agent.wait(lambda: not taints(agent, device) and agent.whole_pool())
     assert agent.generation() == generation + 2
     assert agent.status()[device]["recoveries"] == 1
 
@@ -150,7 +162,7 @@ def test_ignored_xid_and_a_repeated_event_write_nothing(agent: Agent) -> None:
     assert (json.dumps(agent.slices()), agent.server.api.writes) == (before, writes)
 
     agent.fake_event("--gpu", "1", "--xid", "48")
-    agent.wait(lambda: taints(agent, "gpu-1"))
+    agent.wait(lambda: taints(agent, "gpu-1") and agent.whole_pool())
     tainted, writes = json.dumps(agent.slices()), agent.server.api.writes
     agent.fake_event("--gpu", "1", "--xid", "48")  # the same fault again
     agent.fake_event("--gpu", "1", "--xid", "13")  # events are handled in order: after it
@@ -162,7 +174,7 @@ def test_flapping_gpu_is_held(short_dir: Path, apiserver: fakeserver.FakeApiServ
     a = start_agent(short_dir, apiserver, "--health-min-hold", "3600")
     try:
         a.fake_event("--gpu", "2", "--xid", "48")
-        a.wait(lambda: taints(a, "gpu-2"))
+        a.wait(lambda: taints(a, "gpu-2") and a.whole_pool())
         writes = a.server.api.writes
         a.fake_event("--gpu", "2", "--recovered")  # applied before the command returns
         status = a.status()["gpu-2"]

@@ -11,8 +11,9 @@ import kubernetes_validate
 import pytest
 import refdata
 
-from dra_driver.devices import fake, model, profiles
+from dra_driver.devices import fake, gpusets, model, profiles, topology
 from dra_driver.slices import build, validate
+from dra_driver.slices import gpusets as slices_gpusets
 
 from . import openapi
 from .conftest import Obj, devices_of, generated_profile
@@ -32,10 +33,17 @@ GPU_ATTRIBUTES = {
     "resource.kubernetes.io/numaNode",
 }
 PROFILES = ["dgx-h100", "h100-nvl-pairs", "a100-mig", "gb200-nvl", "pcie-l4", "dgx-1-v100"]
+# hgx-16-mesh (18 slices, 1040 devices) is validated in its own test below.
 
 
 def gpus(slices: list[Obj]) -> list[Obj]:
-    return [d for s in slices for d in s["spec"]["devices"]]
+    """The per-GPU and MIG devices (not the GPU sets, not the counter slice)."""
+    return [
+        d
+        for s in slices
+        for d in s["spec"].get("devices", [])
+        if d["attributes"]["type"]["string"] != "gpu-set"
+    ]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -55,16 +63,27 @@ def test_every_profile_passes_the_reference_openapi_document(profile: str) -> No
 
 
 def test_dgx_h100_gpus_have_every_attribute_and_share_one_island(dgx_slices: list[Obj]) -> None:
-    (only,) = dgx_slices
-    assert only["metadata"]["name"] == "n1-gpu.nvidia.com-0"
-    assert only["metadata"]["ownerReferences"] == [
-        {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "uid-n1", "controller": True}
+    counters, first, _ = dgx_slices
+    assert [s["metadata"]["name"] for s in dgx_slices] == [
+        f"n1-gpu.nvidia.com-{i}" for i in range(3)
     ]
-    assert only["spec"]["pool"] == {"name": "n1", "generation": 1, "resourceSliceCount": 1}
-    assert only["spec"]["nodeName"] == "n1" and only["spec"]["driver"] == "gpu.nvidia.com"
-    devices = only["spec"]["devices"]
+    for obj in dgx_slices:
+        assert obj["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "uid-n1", "controller": True}
+        ]
+        assert obj["spec"]["pool"] == {"name": "n1", "generation": 1, "resourceSliceCount": 3}
+        assert obj["spec"]["nodeName"] == "n1" and obj["spec"]["driver"] == "gpu.nvidia.com"
+    assert "devices" not in counters["spec"]
+    (gpu_counters,) = counters["spec"]["sharedCounters"]
+    assert gpu_counters == {
+        "name": "gpus",
+        "counters": {f"gpu-{i}": {"value": "80Gi"} for i in range(8)},
+    }
+    assert len(first["spec"]["devices"]) == 64  # the limit once devices consume counters
+    devices = gpus(dgx_slices)
+    assert devices == first["spec"]["devices"][:8]
     assert [d["name"] for d in devices] == [f"gpu-{i}" for i in range(8)]
-    for d in devices:
+    for i, d in enumerate(devices):
         attrs = d["attributes"]
         assert GPU_ATTRIBUTES | {"nvlinkIsland"} == set(attrs)
         assert attrs["type"] == {"string": "gpu"}
@@ -73,6 +92,9 @@ def test_dgx_h100_gpus_have_every_attribute_and_share_one_island(dgx_slices: lis
         assert attrs["cudaDriverVersion"] == {"version": "13.0.0"}
         assert attrs["nvlinkLinks"] == {"int": 18}
         assert d["capacity"] == {"memory": {"value": "80Gi"}}
+        assert d["consumesCounters"] == [
+            {"counterSet": "gpus", "counters": {f"gpu-{i}": {"value": "80Gi"}}}
+        ]
     assert {d["attributes"]["nvlinkIsland"]["string"] for d in devices} == {"island-0"}
     numa = [d["attributes"]["resource.kubernetes.io/numaNode"]["int"] for d in devices]
     assert numa == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -170,7 +192,7 @@ def test_large_pools_split_with_one_generation_and_the_right_count(
     devices = (
         make_devices(gpu_count, migs_per_gpu=migs) if gpu_count else model.NodeDevices(gpus=())
     )
-    slices = build.build(devices, node_name="big", generation=7).slices
+    slices = build.build(devices, node_name="big", generation=7, gpu_sets=False).slices
     assert [len(s["spec"]["devices"]) for s in slices] == (sizes or [0])
     assert [s["metadata"]["name"] for s in slices] == [
         f"big-gpu.nvidia.com-{i}" for i in range(len(slices))
@@ -248,8 +270,82 @@ def test_names_and_bad_identity() -> None:
 
 
 def test_custom_driver_name_is_used_throughout() -> None:
-    (obj,) = build.build(
-        devices_of("pcie-l4"), node_name="n1", driver_name="gpu.example.com"
-    ).slices
-    assert obj["spec"]["driver"] == "gpu.example.com"
-    assert obj["metadata"]["name"] == "n1-gpu.example.com-0"
+    slices = build.build(devices_of("pcie-l4"), node_name="n1", driver_name="gpu.example.com")
+    for i, obj in enumerate(slices.slices):
+        assert obj["spec"]["driver"] == "gpu.example.com"
+        assert obj["metadata"]["name"] == f"n1-gpu.example.com-{i}"
+
+
+# --- GPU sets and shared counters (docs/topology.md) -----------------------------------------
+
+
+def test_gpu_sets_follow_the_gpus_by_size_best_first() -> None:
+    devices = devices_of("dgx-1-v100")
+    topo = topology.build(devices)
+    slices = build.build(devices, node_name="n1").slices
+    published = [d for s in slices for d in s["spec"].get("devices", [])]
+    assert [d["name"] for d in published[:8]] == [f"gpu-{i}" for i in range(8)]
+    sets = published[8:]
+    assert sets and all(d["attributes"]["type"] == {"string": "gpu-set"} for d in sets)
+    by_minor = {g.minor: g for g in devices.gpus}
+    keys = []
+    for d in sets:
+        attrs = d["attributes"]
+        minors = [int(m) for m in attrs["minors"]["string"].split(",")]
+        assert d["name"] == "gpus-" + "-".join(map(str, minors))
+        assert attrs["gpuCount"] == {"int": len(minors)}
+        members = [by_minor[m] for m in minors]
+        score = gpusets.set_score(topo, [g.index for g in members])
+        assert attrs["nvlinkLinks"] == {"int": score[0]}
+        assert [attrs[f"uuid{i}"]["string"] for i in range(len(minors))] == [
+            g.uuid for g in members
+        ]
+        assert slices_gpusets.gpu_uuids(d) == [g.uuid for g in members]
+        assert d["consumesCounters"] == [
+            {"counterSet": "gpus", "counters": {f"gpu-{m}": {"value": "32Gi"} for m in minors}}
+        ]
+        keys.append((len(minors), tuple(-v for v in score)))
+    assert keys == sorted(keys)  # by size, then best score first
+    # The best pair of an empty DGX-1: two links, one NUMA node, one PCIe root.
+    assert sets[0]["name"] == "gpus-0-3"
+    assert {d["attributes"]["gpuCount"]["int"] for d in sets} == {2, 3, 4, 5, 6, 7}
+
+
+def test_slice_names_sort_in_the_order_the_devices_are_meant_to_be_tried() -> None:
+    slices = build.build(devices_of("hgx-16-mesh"), node_name="n1").slices
+    names = [s["metadata"]["name"] for s in slices]
+    assert len(slices) > 10
+    assert names == sorted(names)
+    assert names[0] == "n1-gpu.nvidia.com-00" and names[-1].endswith(f"-{len(slices) - 1}")
+    sets = [d for s in slices for d in s["spec"].get("devices", []) if d["name"].startswith("gpus")]
+    assert len(sets) == gpusets.MAX_SETS
+    for obj in slices:
+        assert validate.validate(obj) == []
+        assert kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+
+def test_many_gpus_fill_several_counter_sets_and_publish_no_sets(
+    make_devices: Callable[..., model.NodeDevices],
+) -> None:
+    slices = build.build(make_devices(70), node_name="big").slices
+    counters = slices[0]["spec"]["sharedCounters"]
+    assert [(c["name"], len(c["counters"])) for c in counters] == [
+        ("gpus", 32),
+        ("gpus-1", 32),
+        ("gpus-2", 6),
+    ]
+    devices = [d for s in slices[1:] for d in s["spec"]["devices"]]
+    assert [len(s["spec"]["devices"]) for s in slices[1:]] == [64, 6]
+    assert devices[40]["consumesCounters"] == [
+        {"counterSet": "gpus-1", "counters": {"gpu-40": {"value": "80Gi"}}}
+    ]
+    assert not any(d["name"].startswith("gpus-") for d in devices)  # > 16 GPUs: no sets
+
+
+def test_mig_only_nodes_keep_their_layout_and_sets_can_be_turned_off() -> None:
+    (mig,) = build.build(devices_of("a100-mig"), node_name="n1").slices
+    assert "sharedCounters" not in mig["spec"]
+    assert not any("consumesCounters" in d for d in mig["spec"]["devices"])
+    (plain,) = build.build(devices_of("dgx-h100"), node_name="n1", gpu_sets=False).slices
+    assert [d["name"] for d in plain["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
+    assert not any("consumesCounters" in d for d in plain["spec"]["devices"])

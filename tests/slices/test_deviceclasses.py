@@ -51,6 +51,7 @@ def test_classes_pass_the_reference_openapi_document(name: str) -> None:
         ("gpu.nvidia.com", "gpu"),
         ("gpu-extended-resource.nvidia.com", "gpu"),
         ("mig.nvidia.com", "mig"),
+        ("gpu-set.nvidia.com", "gpu-set"),
     ],
 )
 @pytest.mark.parametrize("driver", ["gpu.nvidia.com", "gpu.example.com"])
@@ -63,7 +64,7 @@ def test_selectors_pick_exactly_the_devices_of_their_type(
         d
         for profile in ("dgx-h100", "a100-mig")
         for s in build.build(devices_of(profile), node_name="n1", driver_name=driver).slices
-        for d in s["spec"]["devices"]
+        for d in s["spec"].get("devices", [])
     ]
     (selector,) = deviceclasses.load(name, driver_name=driver)["spec"]["selectors"]
     compiled = cel.compile_selector(selector["cel"]["expression"])

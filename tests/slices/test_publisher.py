@@ -50,7 +50,9 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 
 def desired(profile: str | model.NodeDevices = "dgx-h100", node: str = "n1") -> list[Obj]:
     devices = devices_of(profile) if isinstance(profile, str) else profile
-    return build.build(devices, node_name=node, driver_name=DRIVER).slices
+    # One slice per small node: the publisher's mechanics, not the pool layout (see the
+    # GPU-set test for a pool with a counter slice and set devices).
+    return build.build(devices, node_name=node, driver_name=DRIVER, gpu_sets=False).slices
 
 
 @pytest.fixture
@@ -326,7 +328,10 @@ def test_node_agent_hook_starts_and_stops(mem: memory.InMemoryApi, log: Recorder
     )
     try:
         wait_for(pub.synced.is_set)
-        assert len(mem.all_resource_slices()[0]["spec"]["devices"]) == 4
+        # The agent's pool: a slice of per-GPU counters, then 4 GPUs and 3 GPU sets.
+        stored = sorted(mem.all_resource_slices(), key=lambda s: s["metadata"]["name"])
+        assert [len(s["spec"].get("devices") or []) for s in stored] == [0, 7]
+        assert [c["name"] for c in stored[0]["spec"]["sharedCounters"]] == ["gpus"]
     finally:
         pub.stop()
 

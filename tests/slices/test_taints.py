@@ -10,7 +10,7 @@ import kubernetes_validate
 import refdata
 
 from dra_driver.devices import health, model
-from dra_driver.slices import build, taints, validate
+from dra_driver.slices import build, gpusets, taints, validate
 
 from . import openapi
 from .conftest import Obj, devices_of
@@ -27,17 +27,24 @@ def board_with(conditions: dict[str, list[health.Condition]]) -> health.HealthBo
     return board
 
 
-def built(devices: model.NodeDevices, board: health.HealthBoard, driver: str = "gpu.nvidia.com"):  # type: ignore[no-untyped-def]
+def built(
+    devices: model.NodeDevices,
+    board: health.HealthBoard,
+    driver: str = "gpu.nvidia.com",
+    *,
+    gpu_sets: bool = True,
+):  # type: ignore[no-untyped-def]
     return build.build(
         devices,
         node_name="n1",
         driver_name=driver,
         decorate=taints.decorator(board.snapshot(), driver),
+        gpu_sets=gpu_sets,
     )
 
 
 def by_name(slices: list[Obj]) -> dict[str, Obj]:
-    return {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+    return {d["name"]: d for s in slices for d in s["spec"].get("devices", [])}
 
 
 def test_unhealthy_gpu_is_tainted_and_the_slices_stay_valid() -> None:
@@ -50,7 +57,11 @@ def test_unhealthy_gpu_is_tainted_and_the_slices_stay_valid() -> None:
         {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"},
         {"key": "gpu.nvidia.com/retired-pages", "value": "pending", "effect": "NoSchedule"},
     ]
-    assert all("taints" not in d for name, d in found.items() if name != sick.name)
+    # The GPU sets holding gpu-3 carry its taints too; every other device none.
+    holding = {n for n, d in found.items() if sick.uuid in gpusets.gpu_uuids(d)}
+    assert sick.name in holding and any(n.startswith("gpus-") for n in holding)
+    assert all(found[n]["taints"] == found[sick.name]["taints"] for n in holding)
+    assert all("taints" not in d for name, d in found.items() if name not in holding)
     for s in result.slices:
         assert validate.validate(s) == []
         assert kubernetes_validate.validate(s, "1.36.0", strict=True)
@@ -95,6 +106,15 @@ def test_group_devices_naming_their_gpus_are_tainted_when_any_is_unhealthy() -> 
     assert "taints" not in healthy
 
 
+def test_gpu_sets_named_by_uuid0_uuid1_are_tainted_through_their_members() -> None:
+    devices = devices_of("h100-nvl-pairs")
+    result = built(devices, board_with({devices.gpu(1).uuid: [LOST]}))
+    found = by_name(result.slices)
+    lost = [{"key": "gpu.nvidia.com/gpu-lost", "value": "lost", "effect": "NoExecute"}]
+    assert found["gpus-0-1"]["taints"] == found["gpus-0-1-2"]["taints"] == lost
+    assert "taints" not in found["gpus-2-3"]
+
+
 def test_custom_driver_name_is_the_taint_domain() -> None:
     devices = devices_of("pcie-l4")
     result = built(devices, board_with({devices.gpu(0).uuid: [XID79]}), driver="gpu.example.com")
@@ -106,11 +126,12 @@ def test_tainted_pools_split_at_64_and_stay_valid(
 ) -> None:
     devices = make_devices(100)
     board = board_with({devices.gpu(i).uuid: [XID79] for i in (5, 80)})
-    slices = built(devices, board).slices
+    slices = built(devices, board, gpu_sets=False).slices
     assert [len(s["spec"]["devices"]) for s in slices] == [64, 36]
     for s in slices:
         assert validate.validate(s) == []
-    assert [len(s["spec"]["devices"]) for s in built(devices, health.HealthBoard()).slices] == [100]
+    untainted = built(devices, health.HealthBoard(), gpu_sets=False).slices
+    assert [len(s["spec"]["devices"]) for s in untainted] == [100]
 
 
 def test_at_most_sixteen_taints_per_device_strongest_first() -> None:

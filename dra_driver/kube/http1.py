@@ -1,0 +1,97 @@
+"""Reading one HTTP/1.1 response off a connection: status line, headers and the body's framing.
+
+Why it exists apart from :mod:`dra_driver.kube.transport` (connections, TLS, the pool): the
+wire format is one concern and the most exacting one — ``Content-Length``, ``chunked`` transfer
+coding or a body that runs until the server closes, 1xx interim responses, whether the
+connection may be reused, and every way a reply can be cut short or garbled, each a
+:class:`TransportError` rather than a wrong answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import BinaryIO
+
+MAX_LINE = 65536
+MAX_HEADERS = 200
+
+
+class TransportError(Exception):
+    """No (complete) response: connection refused, dropped, timed out or garbled."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    headers: Mapping[str, str]  # lower-case names
+    body: bytes
+
+
+def _readline(rfile: BinaryIO) -> bytes:
+    line = rfile.readline(MAX_LINE + 1)
+    if len(line) > MAX_LINE:
+        raise TransportError("response line too long")
+    return line
+
+
+def read_response(rfile: BinaryIO, method: str) -> tuple[Response, bool]:
+    """One response (skipping 1xx); also whether the connection may be reused."""
+    while True:
+        status_line = _readline(rfile)
+        if not status_line:
+            raise TransportError("connection closed before a response")
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise TransportError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+        status = int(parts[1])
+        headers: dict[str, str] = {}
+        for _ in range(MAX_HEADERS + 1):
+            line = _readline(rfile)
+            if line in (b"\r\n", b"\n"):
+                break
+            if not line:
+                raise TransportError("connection closed in the response headers")
+            name, colon, value = line.decode("latin-1").partition(":")
+            if not colon:
+                raise TransportError(f"malformed header line {line[:80]!r}")
+            key = name.strip().lower()
+            headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+        else:
+            raise TransportError("too many response headers")
+        if status >= 200:
+            break
+    tokens = {t.strip() for t in headers.get("connection", "").lower().split(",")}
+    reusable = "close" not in tokens and (parts[0] != b"HTTP/1.0" or "keep-alive" in tokens)
+    if method == "HEAD" or status in (204, 304):
+        return Response(status, headers, b""), reusable
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return Response(status, headers, _read_chunked(rfile)), reusable
+    length = headers.get("content-length")
+    if length is None:  # the body runs until the server closes the connection
+        return Response(status, headers, rfile.read()), False
+    if not length.isdigit():
+        raise TransportError(f"bad Content-Length {length!r}")
+    body = rfile.read(int(length))
+    if len(body) != int(length):
+        raise TransportError(f"connection closed after {len(body)} of {length} body bytes")
+    return Response(status, headers, body), reusable
+
+
+def _read_chunked(rfile: BinaryIO) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        size_line = _readline(rfile).split(b";", 1)[0].strip()
+        try:
+            size = int(size_line, 16)
+        except ValueError:
+            raise TransportError(f"bad chunk size {size_line[:20]!r}") from None
+        if size == 0:
+            break
+        chunk = rfile.read(size)
+        if len(chunk) != size or _readline(rfile) not in (b"\r\n", b"\n"):
+            raise TransportError("connection closed inside a chunk")
+        chunks.append(chunk)
+    while _readline(rfile) not in (b"\r\n", b"\n", b""):  # trailer fields, ignored
+        pass
+    return b"".join(chunks)
