@@ -30,9 +30,19 @@ import structlog
 from dra_driver import health_server, healthcontrol, logs, nodehealth
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import backend as devices_backend
-from dra_driver.devices import control, health, healthpolicy, model, nvml
+from dra_driver.devices import (
+    control,
+    fake,
+    health,
+    healthpolicy,
+    migcontrol,
+    migprofiles,
+    model,
+    nvml,
+)
 from dra_driver.driver import cdi, checkpoint, driverfiles, instances, inventory, sharing, state
 from dra_driver.driver import driver as driver_mod
+from dra_driver.driver import mig as mig_mod
 from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.nodelabels import agent as nodelabels
@@ -62,6 +72,7 @@ class PluginSettings:
     serial: bool = False
     cleanup_interval_s: float = 60.0
     publish: bool = True
+    dynamic_mig: str = migprofiles.NONE  # none | all | product-name regex (--dynamic-mig)
     node_labels: bool = True  # keep this node's GPU labels (docs/labels.md) on its Node
     node_labels_resync_s: float = 60.0
     health: healthpolicy.HealthPolicy = dataclasses.field(default_factory=healthpolicy.HealthPolicy)
@@ -102,6 +113,15 @@ class PluginSettings:
         return self.plugin_dir / "locks"
 
     @property
+    def dynamic(self) -> migprofiles.DynamicMig:
+        return migprofiles.DynamicMig.parse(self.dynamic_mig)
+
+    @property
+    def fake_mig_state(self) -> Path:
+        """Fake nodes: where the NVML stand-in keeps MIG instances (they outlive the agent)."""
+        return self.plugin_dir / "fake-mig-state.json"
+
+    @property
     def _short_id(self) -> str:
         """A short stand-in for driver + pod UID when the full socket path is too long."""
         return hashlib.sha256(f"{self.driver_name}/{self.pod_uid}".encode()).hexdigest()[:16]
@@ -138,11 +158,13 @@ def build_driver(
     gpu_control: control.GpuControl | None = None,
     metrics: metrics_mod.DriverMetrics | None = None,
     device_taints: state.DeviceTaints | None = None,
+    mig_control: migcontrol.MigControl | None = None,
 ) -> driver_mod.Driver:
     """The driver core for ``devices``, with its checkpoint recovered (usable without gRPC).
 
     ``gpu_control`` (for tests) replaces the one :func:`gpu_control_for` picks;
-    ``device_taints`` (a device's taints now) makes prepare refuse untolerated taints."""
+    ``device_taints`` (a device's taints now) makes prepare refuse untolerated taints;
+    ``mig_control`` (:func:`mig_control_for`) creates and destroys dynamic MIG instances."""
     mig_minors = None if settings.fake else inventory.read_mig_minors()
     files = driverfiles.discover(settings.driver_root, mount=settings.driver_root_mount)
     if not files:
@@ -166,11 +188,12 @@ def build_driver(
         boot_id=checkpoint.read_boot_id(settings.boot_id_file),
         log=log,
     )
+    preparable = inventory.build(devices, mig_minors=mig_minors, dynamic=settings.dynamic)
     claim_state = state.ClaimState(
         api=api,
         driver_name=settings.driver_name,
         pool_name=settings.node_name,
-        devices=inventory.build(devices, mig_minors=mig_minors),
+        devices=preparable,
         specs=specs,
         store=store,
         log=log,
@@ -178,6 +201,7 @@ def build_driver(
             gpu_control=gpu_control or gpu_control_for(settings, devices=devices, files=files),
             log=log,
         ),
+        mig_instances=mig_mod.MigInstances(control=mig_control, devices=preparable, log=log),
         device_taints=device_taints,
     )
     if locks is None:
@@ -219,6 +243,19 @@ def gpu_control_for(
     )
 
 
+def mig_control_for(
+    settings: PluginSettings, backend: devices_backend.Backend
+) -> migcontrol.MigControl | None:
+    """MIG control over the backend's NVML (the stand-in for fake nodes, with its state file);
+    None when no GPU is dynamic (the agent then never changes a MIG layout)."""
+    if not settings.dynamic.enabled:
+        return None
+    fake_nvml = backend.nvml if isinstance(backend, fake.FakeBackend) else None
+    if fake_nvml is not None:
+        fake_nvml.mig_state.use_file(settings.fake_mig_state)
+    return migcontrol.NvmlMigControl(nvml_api=fake_nvml or nvml.real_module())
+
+
 def start_publisher(
     settings: PluginSettings,
     *,
@@ -242,6 +279,7 @@ def start_publisher(
         log=log.bind(component="publisher"),
         on_pass=on_pass,
         decorate=taints.decorator(snap, settings.driver_name) if snap else None,
+        dynamic_mig=settings.dynamic,
     )
     if board is None or snap is None:
         return pub
@@ -253,6 +291,7 @@ def start_publisher(
         node_name=settings.node_name,
         driver_name=settings.driver_name,
         log=log.bind(component="publisher"),
+        dynamic_mig=settings.dynamic,
     )
 
 
@@ -299,15 +338,23 @@ def run(
     log = log.bind(driver=settings.driver_name, node=settings.node_name)
     metrics = metrics or metrics_mod.new()
     readiness = readiness or new_readiness(settings)
+    mig_control = mig_control_for(settings, backend)  # before discovery: fake MIG state file
     try:
         devices = backend.discover()
     except devices_backend.DiscoveryError as exc:
         metrics.nvml_error("discover")
         raise StartupError(f"cannot discover GPUs: {exc}") from exc
-    log.info("discovered devices", gpus=len(devices.gpus))
+    log.info(
+        "discovered devices",
+        gpus=len(devices.gpus),
+        dynamic_mig=[g.name for g in settings.dynamic.dynamic_gpus(devices.gpus)],
+    )
     board = health_source or health.HealthBoard()
     uuids = taints.published_uuids(
-        devices, node_name=settings.node_name, driver_name=settings.driver_name
+        devices,
+        node_name=settings.node_name,
+        driver_name=settings.driver_name,
+        dynamic_mig=settings.dynamic,
     )
     try:
         driver = build_driver(
@@ -317,6 +364,7 @@ def run(
             log=log,
             metrics=metrics,
             device_taints=taints.lookup(board, uuids, settings.driver_name),
+            mig_control=mig_control,
         )
     except OSError as exc:
         raise StartupError(f"cannot set up the plugin's files: {exc}") from exc
@@ -332,7 +380,7 @@ def run(
     )
     streams = health_service.HealthStreams(
         pool_name=settings.node_name,
-        devices=health.device_keys(devices),
+        devices=migprofiles.health_keys(devices, settings.dynamic, health.device_keys(devices)),
         source=board,
         log=log.bind(component="health"),
     )

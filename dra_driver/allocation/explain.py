@@ -14,7 +14,7 @@ import collections
 import re
 from collections.abc import Sequence
 
-from dra_driver.allocation import claim, pools, selection
+from dra_driver.allocation import claim, migexplain, pools, selection
 
 _REF = re.compile(
     r"device\.(attributes|capacity)\[\s*([\"'])([^\"']+)\2\s*\]"
@@ -65,8 +65,14 @@ def selector_reason(device: pools.Device, failure: selection.Failure) -> str:
     return f"{failure.where} false: {detail}"
 
 
-def device_reason(sel: selection.Selection, req: claim.Request, pos: int) -> str | None:
-    """Why device ``pos`` cannot serve ``req`` (``None`` when it can)."""
+def device_reason(
+    sel: selection.Selection,
+    req: claim.Request,
+    pos: int,
+    pool_list: Sequence[pools.Pool] = (),
+) -> str | None:
+    """Why device ``pos`` cannot serve ``req`` (``None`` when it can); ``pool_list`` lets a
+    dynamic MIG device's blocked counters be told in MIG terms (:mod:`.migexplain`)."""
     device = sel.devices[pos]
     failure = sel.check(req, pos)
     if failure is not None:
@@ -74,7 +80,9 @@ def device_reason(sel: selection.Selection, req: claim.Request, pos: int) -> str
     if sel.in_use[pos] and not req.admin_access:
         return "allocated to another claim"
     if pos in sel.blocked:
-        return "uses a GPU that an allocated device holds (its shared counter is used up)"
+        return migexplain.blocked_reason(sel, pos, pool_list) or (
+            "uses a GPU that an allocated device holds (its shared counter is used up)"
+        )
     taint = sel.taint_blocks(req, pos)
     if taint is not None:
         return (
@@ -88,7 +96,12 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _request_lines(sel: selection.Selection, req: claim.Request, label: str) -> list[str]:
+def _request_lines(
+    sel: selection.Selection,
+    req: claim.Request,
+    label: str,
+    pool_list: Sequence[pools.Pool] = (),
+) -> list[str]:
     n = len(sel.devices)
     usable = [p for p in range(n) if sel.usable(req, p)]
     in_class = sum(not _other_class(sel, req, p) for p in range(n))
@@ -113,7 +126,7 @@ def _request_lines(sel: selection.Selection, req: claim.Request, label: str) -> 
         for p in range(n)
         if not (kinds and _other_class(sel, req, p) and _kind(sel, p) not in kinds)
     ]
-    reasons = [(p, device_reason(sel, req, p)) for p in listed]
+    reasons = [(p, device_reason(sel, req, p, pool_list)) for p in listed]
     if req.mode == claim.ALL:  # non-matching devices are simply not part of "all"
         reasons = [(p, r) for p, r in reasons if not _plain_mismatch(sel, req, p)]
     grouped: dict[str, list[str]] = {}
@@ -203,7 +216,7 @@ def explain(
             except selection.UnknownClassError as err:
                 lines.append(str(err))
                 continue
-            req_lines = _request_lines(sel, req, label)
+            req_lines = _request_lines(sel, req, label, pool_list)
             usable = sum(sel.usable(req, p) for p in range(len(sel.devices)))
             ok = usable >= req.count if req.mode == claim.EXACT_COUNT else _all_ok(sel, req)
             if ok and chosen is None:

@@ -18,7 +18,7 @@ import yaml
 
 from dra_driver import deviceclasses
 from dra_driver.allocation import allocator, claim, claimgen, physical, pools
-from dra_driver.devices import model
+from dra_driver.devices import migprofiles, model
 from dra_driver.slices import build as slices_build
 
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
@@ -112,11 +112,17 @@ def merge_classes(*groups: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def fake_slices(
-    devices: model.NodeDevices, *, node_name: str, driver_name: str
+    devices: model.NodeDevices,
+    *,
+    node_name: str,
+    driver_name: str,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices the driver would publish for these devices."""
     try:
-        built = slices_build.build(devices, node_name=node_name, driver_name=driver_name)
+        built = slices_build.build(
+            devices, node_name=node_name, driver_name=driver_name, dynamic_mig=dynamic_mig
+        )
     except slices_build.BuildError as err:
         raise SimulateError(str(err)) from err
     return built.slices

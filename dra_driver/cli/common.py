@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dra_driver.devices import backend, fake, profiles
+from dra_driver.devices import backend, fake, migprofiles, profiles
 
 
 class UsageError(Exception):
@@ -32,6 +32,28 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
         default=env_default("FAKE_PROFILE_FILE"),
         help="use a fake GPU profile from a YAML file (docs/profiles.md); env FAKE_PROFILE_FILE",
     )
+
+
+def add_dynamic_mig_flag(parser: argparse.ArgumentParser) -> None:
+    """``--dynamic-mig none|all|REGEX`` (env ``DYNAMIC_MIG``): which MIG-capable GPUs are
+    published as partitionable devices whose MIG instances are made at prepare time."""
+    from dra_driver.cli import env_default
+
+    parser.add_argument(
+        "--dynamic-mig",
+        metavar="none|all|REGEX",
+        default=env_default("DYNAMIC_MIG", migprofiles.NONE),
+        help="MIG-capable GPUs to publish as dynamic MIG (every profile placement, instances "
+        "created at prepare): none, all, or a regular expression over the product name "
+        "(env DYNAMIC_MIG; default none; docs/mig.md)",
+    )
+
+
+def dynamic_mig(args: argparse.Namespace) -> migprofiles.DynamicMig:
+    try:
+        return migprofiles.DynamicMig.parse(args.dynamic_mig)
+    except migprofiles.SelectorError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def make_backend(args: argparse.Namespace) -> backend.Backend:

@@ -140,7 +140,8 @@ def render_table(
     for g in devices.gpus:
         rows.append(
             [
-                g.name + (" (MIG)" if g.mig_enabled else ""),
+                g.name
+                + (" (MIG)" if g.mig_enabled else " (MIG-capable)" if g.mig_profiles else ""),
                 g.product_name,
                 _gib(g.memory_bytes),
                 g.uuid,

@@ -111,6 +111,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="where this process sees the host's root for /dev/nvidia* checks, e.g. /host "
         "(env DEV_ROOT; default /)",
     )
+    common.add_dynamic_mig_flag(parser)
     common.add_backend_flags(parser)
     health_server.add_flags(parser)
     healthflags.add_flags(parser)
@@ -121,6 +122,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def settings_from(args: argparse.Namespace) -> app.PluginSettings:
     if not args.node_name:
         raise common.UsageError("--node-name (or NODE_NAME) is required")
+    common.dynamic_mig(args)  # a bad value is a usage error, before anything starts
     if args.pod_uid and not checkpoint.valid_uid(args.pod_uid):
         raise common.UsageError(
             f"--pod-uid {args.pod_uid!r}: not a pod UID (letters, digits and '-' only)"
@@ -142,6 +144,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         api_keepalive_s=max(0.0, args.api_keepalive),
         cleanup_interval_s=args.cleanup_interval,
         publish=not args.no_publish,
+        dynamic_mig=args.dynamic_mig,
         health=healthflags.policy_from(args),
         node_labels=args.node_labels,
         node_labels_resync_s=args.node_labels_resync,

@@ -86,6 +86,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=slices_build.DEFAULT_DRIVER_NAME,
         help="driver name for slices built from a profile (default %(default)s)",
     )
+    common.add_dynamic_mig_flag(parser)
     parser.add_argument(
         "--node-name",
         default=os.environ.get("NODE_NAME"),
@@ -134,8 +135,12 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
         node_devices = _devices(args)
         default = "fake-node" if args.fake or args.fake_file else socket.gethostname()
         node_name = node_name or default
+        try:
+            dynamic = common.dynamic_mig(args)
+        except common.UsageError as err:
+            raise simulator.SimulateError(str(err)) from err
         slices = simulator.fake_slices(
-            node_devices, node_name=node_name, driver_name=args.driver_name
+            node_devices, node_name=node_name, driver_name=args.driver_name, dynamic_mig=dynamic
         )
     elif node_name is None:
         node_name = simulator.slice_node(slices)

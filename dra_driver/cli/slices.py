@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="UID of the Node object, to include the owner reference the publisher sets",
     )
+    common.add_dynamic_mig_flag(parser)
     parser.add_argument("--output", "-o", choices=("yaml", "json"), default="yaml")
     parser.set_defaults(handler=run)
 
@@ -53,12 +54,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.node_name:
         return common.fail("--node-name (or env NODE_NAME) is required")
     try:
+        dynamic = common.dynamic_mig(args)
         devices = common.make_backend(args).discover()
         result = build.build(
             devices,
             node_name=args.node_name,
             driver_name=args.driver_name,
             node_uid=args.node_uid,
+            dynamic_mig=dynamic,
         )
     except (common.UsageError, backend.DiscoveryError, build.BuildError) as exc:
         return common.fail(str(exc))

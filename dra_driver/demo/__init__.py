@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from dra_driver.demo import health, topology, walkthrough
+from dra_driver.demo import health, mig, topology, walkthrough
 from dra_driver.demo import report as reporting
 from dra_driver.devices import fake
 
@@ -42,6 +42,7 @@ SCENES: tuple[Scene, ...] = (
     Scene("core", walkthrough.scene, own_profile=False),
     Scene("health", health.scene, own_profile=True),
     Scene("topology", topology.scene, own_profile=True),
+    Scene("mig", mig.scene, own_profile=True),
 )
 
 

@@ -17,37 +17,19 @@ import ctypes
 import dataclasses
 import uuid as uuidlib
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
-from dra_driver.devices import fakefaults, nvml, profiles
+from dra_driver.devices import fakefaults, fakemig, fakemigdev, nvml, profiles
 
 Failure = Exception | type[Exception]
 _UNKNOWN_ARCH = 0xFFFFFFFF
-_SLOT_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}  # NVML_GPU_INSTANCE_PROFILE_*
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Device:
     index: int
     pos: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _MigHandle:
-    parent: _Device
-    slot: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _GpuInstance:
-    parent: _Device
-    gi_id: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _GiProfile:
-    slot: int  # the NVML_GPU_INSTANCE_PROFILE_* value callers ask about
-    id: int  # the profile id GPU instances report (differs from the slot, as on real GPUs)
 
 
 def _raise(failure: Failure) -> None:
@@ -71,12 +53,14 @@ def _reverse(names: Mapping[int, str], what: str, value: str, source: str) -> in
         ) from None
 
 
-class FakeNvml(fakefaults.FakeHealth):
+class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth):
     """A pynvml look-alike for one profile; pass it to ``PynvmlBackend.create(nvml=...)``.
 
     ``init_error`` makes ``nvmlInit`` fail (e.g. ``nvml.NVMLError_LibraryNotFound``); ``fail``
     makes every call about a GPU index raise; ``fail_calls`` makes one function raise for one
-    GPU index; ``overrides`` replaces functions by name.
+    GPU index; ``overrides`` replaces functions by name. The MIG functions
+    (:mod:`~dra_driver.devices.fakemig`) keep their state in ``mig_state_file`` when given, so
+    instances outlive the process as on a real card.
     """
 
     def __init__(
@@ -87,6 +71,7 @@ class FakeNvml(fakefaults.FakeHealth):
         fail: Mapping[int, Failure] | None = None,
         fail_calls: Mapping[tuple[int, str], Failure] | None = None,
         overrides: Mapping[str, Callable[..., Any]] | None = None,
+        mig_state_file: Path | None = None,
     ) -> None:
         self.profile = profile
         self.init_error = init_error
@@ -96,8 +81,9 @@ class FakeNvml(fakefaults.FakeHealth):
         self._pos = {profile.gpu_index(p): p for p in range(len(profile.gpus))}
         self._init_health(len(profile.gpus))
         self._bus = [_nvml_bus_id(g.pci_bus_id) for g in profile.gpus]
-        self._migs = [sorted(g.mig or (), key=lambda m: m.placement_start) for g in profile.gpus]
-        self._gi_profiles = [self._profile_table(migs) for migs in self._migs]
+        self._init_mig()
+        if mig_state_file is not None:
+            self.mig_state.use_file(mig_state_file)
         self._links = [self._link_table(p) for p in range(len(profile.gpus))]
         self._brand = [
             _reverse(nvml.BRAND_NAMES, "brand", profile.resolved(p, "brand"), profile.name)
@@ -119,21 +105,6 @@ class FakeNvml(fakefaults.FakeHealth):
             setattr(self, name, fn)
 
     # --- tables built once from the profile ---------------------------------------------------
-    @staticmethod
-    def _profile_table(migs: list[profiles.MigSpec]) -> dict[str, _GiProfile]:
-        table: dict[str, _GiProfile] = {}
-        for name in sorted({m.profile for m in migs}):
-            taken = {p.slot for p in table.values()}
-            slot = _SLOT_BY_SLICES.get(int(name.split("g.", 1)[0]), -1)
-            if "+" in name or slot in taken or slot < 0:
-                slot = min(
-                    s
-                    for s in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT)
-                    if s not in taken and s not in _SLOT_BY_SLICES.values()
-                )
-            table[name] = _GiProfile(slot=slot, id=100 + slot)
-        return table
-
     def _link_table(self, pos: int) -> list[tuple[int, str]] | None:
         """Per link: remote device type and remote PCI bus id; None = card without NVLink."""
         prof = self.profile
@@ -157,7 +128,7 @@ class FakeNvml(fakefaults.FakeHealth):
         index = None
         if isinstance(handle, _Device):
             index = handle.index
-        elif isinstance(handle, _MigHandle | _GpuInstance):
+        elif isinstance(handle, fakemig.MigHandle):
             index = handle.parent.index
         elif isinstance(handle, int):
             index = handle
@@ -180,12 +151,6 @@ class FakeNvml(fakefaults.FakeHealth):
         handle = self._resolve(handle)
         if not isinstance(handle, _Device):
             raise nvml.NVMLError_InvalidArgument()
-        return handle
-
-    def _mig(self, name: str, handle: object) -> _MigHandle:
-        self._enter(name, handle)
-        if not isinstance(handle, _MigHandle):
-            raise nvml.NVMLError_NotSupported()  # these calls only take MIG device handles
         return handle
 
     def _spec(self, dev: _Device) -> profiles.GpuSpec:
@@ -235,12 +200,29 @@ class FakeNvml(fakefaults.FakeHealth):
         minor = self._spec(dev).minor
         return dev.index if minor is None else minor
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> object:
+        """A GPU's handle, or a MIG device's (looked up in one snapshot of the MIG state)."""
+        self._enter("nvmlDeviceGetHandleByUUID")
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for pos in range(len(self.profile.gpus)):
+            if self.profile.gpu_uuid(pos) == wanted:
+                return self.nvmlDeviceGetHandleByIndex(self.profile.gpu_index(pos))
+        state = self.mig_state.read()
+        for pos in range(len(self.profile.gpus)):
+            gpu = state.get(self.profile.gpu_uuid(pos))
+            if gpu is None:
+                continue
+            for slot, (gi, ci) in enumerate(self._mig_devices(gpu)):
+                inst = self._find_gi(gpu, gi)
+                if any(c.id == ci and c.uuid == wanted for c in inst.computeInstances):
+                    dev = self.nvmlDeviceGetHandleByIndex(self.profile.gpu_index(pos))
+                    return fakemig.MigHandle(parent=dev, slot=slot, gi=gi, ci=ci)
+        raise nvml.NVMLError_NotFound()
+
     def nvmlDeviceGetUUID(self, handle: object) -> str:
         handle = self._resolve(handle)
-        if isinstance(handle, _MigHandle):
-            self._enter("nvmlDeviceGetUUID", handle)
-            pos = handle.parent.pos
-            return self.profile.mig_uuid(pos, self._migs[pos][handle.slot])
+        if isinstance(handle, fakemig.MigHandle):
+            return self._mig_uuid(handle)
         return self.profile.gpu_uuid(self._device("nvmlDeviceGetUUID", handle).pos)
 
     def nvmlDeviceGetName(self, handle: object) -> str:
@@ -326,96 +308,6 @@ class FakeNvml(fakefaults.FakeHealth):
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: object, link: int) -> Any:
         return self._pci(self._link("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)[1])
-
-    # --- MIG ----------------------------------------------------------------------------------
-    def _mig_specs(self, name: str, handle: object) -> tuple[_Device, list[profiles.MigSpec]]:
-        dev = self._device(name, handle)
-        if self._spec(dev).mig is None:
-            raise nvml.NVMLError_NotSupported()
-        return dev, self._migs[dev.pos]
-
-    def nvmlDeviceGetMigMode(self, handle: object) -> list[int]:
-        dev = self._device("nvmlDeviceGetMigMode", handle)
-        if self._spec(dev).mig is not None:
-            return [nvml.NVML_DEVICE_MIG_ENABLE, nvml.NVML_DEVICE_MIG_ENABLE]
-        if self.profile.mig_capable(dev.pos):  # MIG-capable, MIG mode off (current, pending)
-            return [nvml.NVML_DEVICE_MIG_DISABLE, nvml.NVML_DEVICE_MIG_DISABLE]
-        raise nvml.NVMLError_NotSupported()
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:
-        return max(7, len(self._mig_specs("nvmlDeviceGetMaxMigDeviceCount", handle)[1]))
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int) -> _MigHandle:
-        dev, migs = self._mig_specs("nvmlDeviceGetMigDeviceHandleByIndex", handle)
-        if not 0 <= index < len(migs):
-            raise nvml.NVMLError_NotFound()
-        return _MigHandle(parent=dev, slot=index)
-
-    def nvmlDeviceGetGpuInstanceProfileInfo(
-        self, handle: object, profile: int, version: int = 2
-    ) -> Any:
-        dev, migs = self._mig_specs("nvmlDeviceGetGpuInstanceProfileInfo", handle)
-        for name, gi in self._gi_profiles[dev.pos].items():
-            if gi.slot == profile:
-                spec = next(m for m in migs if m.profile == name)
-                info = nvml.c_nvmlGpuInstanceProfileInfo_v2_t()
-                info.id = gi.id
-                info.sliceCount = int(name.split("g.", 1)[0])
-                info.instanceCount = sum(1 for m in migs if m.profile == name)
-                info.multiprocessorCount = spec.multiprocessors
-                info.copyEngineCount = spec.copy_engines
-                info.decoderCount = spec.decoders
-                info.encoderCount = spec.encoders
-                info.jpegCount = spec.jpeg_engines
-                info.ofaCount = spec.ofa_engines
-                info.memorySizeMB = spec.memory >> 20
-                info.name = f"MIG {name}".encode()
-                return info
-        raise nvml.NVMLError_NotSupported()
-
-    def nvmlDeviceGetAttributes(self, handle: object) -> Any:
-        mig = self._mig("nvmlDeviceGetAttributes", handle)
-        spec = self._migs[mig.parent.pos][mig.slot]
-        slices = int(spec.profile.split("g.", 1)[0])
-        return nvml.c_nvmlDeviceAttributes(
-            multiprocessorCount=spec.multiprocessors,
-            sharedCopyEngineCount=spec.copy_engines,
-            sharedDecoderCount=spec.decoders,
-            sharedEncoderCount=spec.encoders,
-            sharedJpegCount=spec.jpeg_engines,
-            sharedOfaCount=spec.ofa_engines,
-            gpuInstanceSliceCount=slices,
-            computeInstanceSliceCount=slices,
-            memorySizeMB=spec.memory >> 20,
-        )
-
-    def nvmlDeviceGetGpuInstanceId(self, handle: object) -> int:
-        return self._mig("nvmlDeviceGetGpuInstanceId", handle).slot + 1
-
-    def nvmlDeviceGetComputeInstanceId(self, handle: object) -> int:
-        self._mig("nvmlDeviceGetComputeInstanceId", handle)
-        return 0
-
-    def nvmlDeviceGetGpuInstanceById(self, handle: object, gi_id: int) -> _GpuInstance:
-        dev, migs = self._mig_specs("nvmlDeviceGetGpuInstanceById", handle)
-        if not 1 <= gi_id <= len(migs):
-            raise nvml.NVMLError_NotFound()
-        return _GpuInstance(parent=dev, gi_id=gi_id)
-
-    def nvmlGpuInstanceGetInfo(self, gpu_instance: object) -> Any:
-        self._enter("nvmlGpuInstanceGetInfo", gpu_instance)
-        if not isinstance(gpu_instance, _GpuInstance):
-            raise nvml.NVMLError_InvalidArgument()
-        pos = gpu_instance.parent.pos
-        spec = self._migs[pos][gpu_instance.gi_id - 1]
-        placement = nvml.c_nvmlGpuInstancePlacement_t(
-            start=spec.placement_start, size=spec.placement_size
-        )
-        return nvml.c_nvmlGpuInstanceInfo_t(
-            id=gpu_instance.gi_id,
-            profileId=self._gi_profiles[pos][spec.profile].id,
-            placement=placement,
-        )
 
 
 class ProfileSysfs:

@@ -58,6 +58,29 @@ class MigDevice:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class MigProfile:
+    """One GPU instance profile a MIG-capable GPU offers, with every placement NVML allows.
+
+    Read from NVML whether or not MIG mode is on (``nvmlDeviceGetGpuInstanceProfileInfo`` and
+    ``nvmlDeviceGetGpuInstancePossiblePlacements_v2``); what dynamic MIG publishes and creates.
+    """
+
+    id: int  # the GPU instance profile id instances are created with (19 for 1g.10gb on H100)
+    slot: int  # the NVML_GPU_INSTANCE_PROFILE_* value it is listed under
+    name: str  # "1g.10gb", "1g.10gb+me"
+    slices: int  # GPU (compute) slices
+    instances: int  # how many instances of this profile the GPU can hold at most
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    placements: tuple[tuple[int, int], ...]  # (start, size) in memory slices
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Gpu:
     """One physical GPU."""
 
@@ -83,6 +106,8 @@ class Gpu:
     nvlinks: Mapping[int, int] = dataclasses.field(default_factory=dict)
     nvlink_switched: bool = False  # links go to NVSwitches rather than straight to peers
     fabric: FabricInfo | None = None
+    # MIG-capable GPUs: the profiles NVML offers (in MIG mode or not); empty otherwise.
+    mig_profiles: tuple[MigProfile, ...] = ()
 
     @property
     def name(self) -> str:
@@ -125,8 +150,14 @@ def mig_device_name(parent: Gpu, mig: MigDevice) -> str:
     The placement start identifies a GPU instance on its parent for as long as it exists, so the
     name survives driver restarts (unlike NVML's MIG device index).
     """
-    profile = mig.profile.lower().replace(".", "-").replace("+", "-")
-    return f"gpu-{parent.minor}-mig-{profile}-{mig.placement_start}"
+    return mig_placement_name(parent.minor, mig.profile, mig.placement_start)
+
+
+def mig_placement_name(minor: int, profile: str, start: int) -> str:
+    """``gpu-<minor>-mig-<profile>-<start>``: an existing MIG device and the dynamic MIG device
+    that would be created at the same place carry the same name."""
+    label = profile.lower().replace(".", "-").replace("+", "-")
+    return f"gpu-{minor}-mig-{label}-{start}"
 
 
 def to_dict(obj: Any) -> Any:

@@ -22,7 +22,7 @@ from typing import Any, Final
 import pynvml
 
 from dra_driver import logs
-from dra_driver.devices import backend, model, topology
+from dra_driver.devices import backend, model, nvmlmig, topology
 from dra_driver.devices import sysfs as sysfs_mod
 
 _log = logs.get(__name__)
@@ -43,6 +43,10 @@ NVMLError_FunctionNotFound = pynvml.NVMLError_FunctionNotFound
 NVMLError_GpuIsLost = pynvml.NVMLError_GpuIsLost
 NVMLError_LibRmVersionMismatch = pynvml.NVMLError_LibRmVersionMismatch
 NVMLError_Unknown = pynvml.NVMLError_Unknown
+NVMLError_InUse = pynvml.NVMLError_InUse
+NVMLError_InsufficientResources = pynvml.NVMLError_InsufficientResources
+NVMLError_InsufficientSize = pynvml.NVMLError_InsufficientSize
+nvmlFriendlyObject = pynvml.nvmlFriendlyObject
 NVMLError_Timeout = pynvml.NVMLError_Timeout
 
 c_nvmlMemory_t = pynvml.c_nvmlMemory_t
@@ -51,6 +55,13 @@ c_nvmlDeviceAttributes = pynvml.c_nvmlDeviceAttributes
 c_nvmlGpuInstanceInfo_t = pynvml.c_nvmlGpuInstanceInfo_t
 c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
 c_nvmlGpuInstanceProfileInfo_v2_t = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t
+c_nvmlGpuInstanceProfileInfo_t = pynvml.c_nvmlGpuInstanceProfileInfo_t
+c_nvmlGpuInstance_t = pynvml.c_nvmlGpuInstance_t
+c_nvmlComputeInstance_t = pynvml.c_nvmlComputeInstance_t
+c_nvmlComputeInstanceInfo_t = pynvml.c_nvmlComputeInstanceInfo_t
+c_nvmlComputeInstancePlacement_t = pynvml.c_nvmlComputeInstancePlacement_t
+c_nvmlComputeInstanceProfileInfo_t = pynvml.c_nvmlComputeInstanceProfileInfo_t
+c_nvmlComputeInstanceProfileInfo_v2_t = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t
 # Fabric structs appeared over time; older bindings lack the versioned one.
 c_nvmlGpuFabricInfo_t = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)
 c_nvmlGpuFabricInfoV_t = getattr(pynvml, "c_nvmlGpuFabricInfoV_t", None)
@@ -79,6 +90,15 @@ NVML_GPU_FABRIC_STATE_NOT_STARTED: Final[int] = pynvml.NVML_GPU_FABRIC_STATE_NOT
 NVML_GPU_FABRIC_STATE_IN_PROGRESS: Final[int] = pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS
 NVML_GPU_FABRIC_STATE_COMPLETED: Final[int] = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
 NVML_GPU_INSTANCE_PROFILE_COUNT: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: Final[int] = (
+    pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+)
+NVML_ERROR_IN_USE: Final[int] = pynvml.NVML_ERROR_IN_USE
+# NVML_COMPUTE_INSTANCE_PROFILE_* of the compute instance spanning a whole GPU instance.
+CI_PROFILE_BY_SLICES: Final[Mapping[int, int]] = {
+    slices: getattr(pynvml, f"NVML_COMPUTE_INSTANCE_PROFILE_{slices}_SLICE")
+    for slices in (1, 2, 3, 4, 6, 7, 8)
+}
 NVML_COMPUTEMODE_DEFAULT: Final[int] = pynvml.NVML_COMPUTEMODE_DEFAULT
 NVML_COMPUTEMODE_PROHIBITED: Final[int] = pynvml.NVML_COMPUTEMODE_PROHIBITED
 NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: Final[int] = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
@@ -143,7 +163,7 @@ UNSUPPORTED: Final[tuple[type[Exception], ...]] = tuple(
 _HINT = "the NVIDIA driver must be installed on this node; use --fake PROFILE to run without GPUs"
 
 
-class _Absent(Exception):
+class Absent(Exception):
     """A fact a GPU cannot be modelled without is not available (the GPU is skipped)."""
 
 
@@ -251,7 +271,7 @@ class PynvmlBackend:
         for index in range(count):
             try:
                 read[index] = self._read_gpu(index, versions)
-            except (NVMLError, _Absent) as exc:
+            except (NVMLError, Absent) as exc:
                 _log.warning("GPU skipped", index=index, error=describe(exc))
         by_bus = {r.gpu.pci_bus_id: i for i, r in read.items()}
         for index, item in list(read.items()):
@@ -274,11 +294,11 @@ class PynvmlBackend:
     def _required(self, name: str, *args: Any) -> Any:
         fn = getattr(self._nvml, name, None)
         if fn is None:
-            raise _Absent(f"{name} is not available in this NVML binding")
+            raise Absent(f"{name} is not available in this NVML binding")
         try:
             return fn(*args)
         except UNSUPPORTED as exc:
-            raise _Absent(f"{name}: {describe(exc)}") from exc
+            raise Absent(f"{name}: {describe(exc)}") from exc
 
     # --- one GPU ------------------------------------------------------------------------------
     def _read_gpu(self, index: int, versions: tuple[str, str]) -> _Read:
@@ -293,6 +313,7 @@ class PynvmlBackend:
         cc = self._optional("nvmlDeviceGetCudaComputeCapability", handle)
         mig_mode = self._optional("nvmlDeviceGetMigMode", handle)
         mig_enabled = mig_mode is not None and mig_mode[0] == NVML_DEVICE_MIG_ENABLE
+        mig_profiles = nvmlmig.read_profiles(self._optional, handle) if mig_mode is not None else ()
         gpu = model.Gpu(
             index=index,
             minor=int(minor),
@@ -311,8 +332,20 @@ class PynvmlBackend:
             numa_node=self._numa(handle, bus_id),
             mig_enabled=mig_enabled,
             mig_capable=mig_mode is not None,
-            mig_devices=self._read_migs(index, handle, memory) if mig_enabled else (),
+            mig_devices=(
+                nvmlmig.read_devices(
+                    self._required,
+                    self._optional,
+                    index=index,
+                    handle=handle,
+                    total=memory,
+                    profiles=mig_profiles,
+                )
+                if mig_enabled
+                else ()
+            ),
             fabric=self._fabric(handle),
+            mig_profiles=mig_profiles,
         )
         return _Read(handle=handle, gpu=gpu)
 
@@ -341,63 +374,6 @@ class PynvmlBackend:
             cluster_uuid=str(uuidlib.UUID(bytes=bytes(info.clusterUuid))),
             clique_id=int(info.cliqueId),
             state=FABRIC_STATES.get(int(info.state), "unknown"),
-        )
-
-    # --- MIG ----------------------------------------------------------------------------------
-    def _read_migs(self, index: int, handle: Any, total: int) -> tuple[model.MigDevice, ...]:
-        slots = int(self._optional("nvmlDeviceGetMaxMigDeviceCount", handle) or 0)
-        names = self._gi_profile_names(handle)
-        found: list[model.MigDevice] = []
-        for slot in range(slots):
-            mig = self._optional("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
-            if mig is None:
-                continue  # no MIG device at this index
-            try:
-                found.append(self._read_mig(index, handle, mig, names, total))
-            except (NVMLError, _Absent) as exc:
-                _log.warning("MIG device skipped", index=index, mig_index=slot, error=describe(exc))
-        return tuple(
-            sorted(
-                found, key=lambda m: (m.placement_start, m.gpu_instance_id, m.compute_instance_id)
-            )
-        )
-
-    def _gi_profile_names(self, handle: Any) -> dict[int, str]:
-        """GPU instance profile id → name (``1g.5gb``), from NVML's own profile table."""
-        names: dict[int, str] = {}
-        for profile in range(NVML_GPU_INSTANCE_PROFILE_COUNT):
-            info = self._optional("nvmlDeviceGetGpuInstanceProfileInfo", handle, profile)
-            name = str(getattr(info, "name", "") or "")
-            if info is not None and name:
-                names[int(info.id)] = name.removeprefix("MIG ").strip()
-        return names
-
-    def _read_mig(
-        self, index: int, parent: Any, mig: Any, names: Mapping[int, str], total: int
-    ) -> model.MigDevice:
-        attrs = self._required("nvmlDeviceGetAttributes", mig)
-        gi_id = int(self._required("nvmlDeviceGetGpuInstanceId", mig))
-        ci_id = int(self._required("nvmlDeviceGetComputeInstanceId", mig))
-        gi = self._required("nvmlDeviceGetGpuInstanceById", parent, gi_id)
-        info = self._required("nvmlGpuInstanceGetInfo", gi)
-        profile = names.get(int(info.profileId)) or mig_profile_name(
-            int(attrs.gpuInstanceSliceCount), int(attrs.memorySizeMB), total
-        )
-        return model.MigDevice(
-            uuid=str(self._required("nvmlDeviceGetUUID", mig)),
-            parent_index=index,
-            profile=profile,
-            gpu_instance_id=gi_id,
-            compute_instance_id=ci_id,
-            placement_start=int(info.placement.start),
-            placement_size=int(info.placement.size),
-            memory_bytes=int(attrs.memorySizeMB) << 20,
-            multiprocessors=int(attrs.multiprocessorCount),
-            copy_engines=int(attrs.sharedCopyEngineCount),
-            decoders=int(attrs.sharedDecoderCount),
-            encoders=int(attrs.sharedEncoderCount),
-            jpeg_engines=int(attrs.sharedJpegCount),
-            ofa_engines=int(attrs.sharedOfaCount),
         )
 
     # --- NVLink and PCIe ----------------------------------------------------------------------

@@ -17,6 +17,8 @@ from typing import Annotated, Any
 import pydantic
 import yaml
 
+from dra_driver.devices import migtables
+
 _CAMEL = pydantic.ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 _UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 _BYTES = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)?$")
@@ -78,6 +80,8 @@ class GpuDefaults(pydantic.BaseModel):
     # MIG support with MIG mode off (NVML reports the mode as disabled instead of NotSupported).
     # A GPU with ``mig`` is MIG-capable whatever this says.
     mig_capable: bool | None = pydantic.Field(default=None, alias="migCapable")
+    # MIG-capable: the built-in profile table of this GPU model (dra_driver/devices/migtables.py).
+    mig_profiles: str | None = pydantic.Field(default=None, alias="migProfiles")
 
 
 class GpuSpec(GpuDefaults):
@@ -94,7 +98,7 @@ class GpuSpec(GpuDefaults):
     )
     pcie_switch: str | None = pydantic.Field(default=None, alias="pcieSwitch")
     numa_node: int | None = pydantic.Field(default=None, alias="numaNode", ge=0)
-    mig: list[MigSpec] | None = None  # present (even empty) = MIG mode enabled
+    mig: list[MigSpec] | None = None  # present (even empty) = MIG mode on, with these instances
 
 
 class NvlinkPair(pydantic.BaseModel):
@@ -150,6 +154,8 @@ class Profile(pydantic.BaseModel):
             ):
                 if getattr(gpu, field) is None and getattr(self.defaults, field) is None:
                     raise ValueError(f"gpus[{i}]: {field} is not set and has no default")
+        for i in range(n):
+            _check_mig(i, self.resolved(i, "mig_profiles"), self.gpus[i].mig)
         indices = [g.index if g.index is not None else i for i, g in enumerate(self.gpus)]
         if sorted(indices) != list(range(n)):
             raise ValueError(f"GPU indices must be 0..{n - 1} without gaps, got {indices}")
@@ -178,8 +184,13 @@ class Profile(pydantic.BaseModel):
         return value if value is not None else getattr(self.defaults, field)
 
     def mig_capable(self, position: int) -> bool:
-        """Whether NVML reports a MIG mode for this GPU (``mig`` given, or ``migCapable``)."""
-        return self.gpus[position].mig is not None or bool(self.resolved(position, "mig_capable"))
+        """Whether NVML reports a MIG mode for this GPU (``mig``, ``migCapable`` or
+        ``migProfiles`` given)."""
+        return (
+            self.gpus[position].mig is not None
+            or bool(self.resolved(position, "mig_capable"))
+            or self.resolved(position, "mig_profiles") is not None
+        )
 
     def gpu_uuid(self, position: int) -> str:
         given = self.gpus[position].uuid
@@ -202,6 +213,39 @@ class Profile(pydantic.BaseModel):
             return self.nvlink.matrix[a_pos][b_pos]
         a, b = self.gpu_index(a_pos), self.gpu_index(b_pos)
         return sum(p.links for p in self.nvlink.pairs or () if set(p.gpus) == {a, b})
+
+
+def _check_mig(i: int, table_name: str | None, instances: list[MigSpec] | None) -> None:
+    """A GPU's listed MIG instances fit its profile table: known profile, possible placement,
+    the table's sizes, no two sharing a memory slice."""
+    if table_name is None:
+        return
+    table = migtables.lookup(table_name)
+    if table is None:
+        raise ValueError(
+            f"gpus[{i}]: unknown migProfiles {table_name!r}; known: {', '.join(migtables.names())}"
+        )
+    rows = {r.name: r for r in table}
+    used: set[int] = set()
+    for j, mig in enumerate(instances or ()):
+        where = f"gpus[{i}].mig[{j}]"
+        row = rows.get(mig.profile)
+        if row is None:
+            raise ValueError(f"{where}: {mig.profile} is not a profile of {table_name}")
+        if (mig.placement_start, mig.placement_size) not in row.placements:
+            raise ValueError(
+                f"{where}: {mig.profile} cannot be placed at {mig.placement_start}:"
+                f"{mig.placement_size} (possible: {row.placements})"
+            )
+        if (mig.memory >> 20, mig.multiprocessors) != (row.memory_mib, row.multiprocessors):
+            raise ValueError(
+                f"{where}: {mig.profile} has {row.memory_mib}Mi and {row.multiprocessors} "
+                f"multiprocessors in {table_name}"
+            )
+        slices = set(range(mig.placement_start, mig.placement_start + mig.placement_size))
+        if used & slices:
+            raise ValueError(f"{where}: overlaps another instance's memory slices")
+        used |= slices
 
 
 def builtin_names() -> list[str]:

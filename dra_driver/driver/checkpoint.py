@@ -81,6 +81,21 @@ class CheckpointError(Exception):
     """A checkpoint file cannot be written."""
 
 
+class MigRecord(pydantic.BaseModel):
+    """A dynamic MIG instance of a device: recorded (without ids) *before* it is created, so
+    recovery can find and destroy it whatever happened next; ids and UUID once it exists."""
+
+    model_config = _STRICT
+    parentUUID: str
+    profile: str
+    profileId: int
+    placementStart: int
+    placementSize: int
+    gpuInstanceId: int | None = None
+    computeInstanceId: int | None = None
+    uuid: str | None = None
+
+
 class DeviceRecord(pydantic.BaseModel):
     model_config = _STRICT
     requestNames: tuple[str, ...]
@@ -90,6 +105,7 @@ class DeviceRecord(pydantic.BaseModel):
     shareId: str | None = None
     adminAccess: bool = False
     config: dict[str, Any] = pydantic.Field(default_factory=dict)
+    mig: MigRecord | None = None  # dynamic MIG devices only
 
     def prepared(self) -> results.PreparedDevice:
         return results.PreparedDevice(

@@ -9,6 +9,12 @@ make up stable ones, since those nodes are mapped to a harmless host node anyway
 A GPU-set device (``gpus-0-1-4-5``, docs/topology.md) stands for the full GPUs its name lists:
 it is prepared as exactly those GPUs (their device nodes, their UUIDs in
 ``NVIDIA_VISIBLE_DEVICES``). :func:`overlaps` finds a claim's devices that share a GPU.
+
+GPUs handed to dynamic MIG (:mod:`dra_driver.devices.migprofiles`) list one device per profile
+placement instead of their existing MIG devices: such a device has no UUID or capability nodes
+until prepare creates its instance (``placement`` says what to create; :meth:`Inventory.created`
+gives the device then), and its full GPU is marked ``dynamic`` (prepare turns MIG mode off for
+it, alone or in a set).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dra_driver.devices import gpusets, model
+from dra_driver.devices import gpusets, migcontrol, migprofiles, model
 
 MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
 _MIG_MINOR_LINE = re.compile(r"^(\S+)\s+(\d+)$")
@@ -34,6 +40,8 @@ class PreparableDevice:
     parent_minor: int  # a set: its first member's minor
     device_nodes: tuple[str, ...]  # container paths, e.g. /dev/nvidia0, /dev/nvidia-caps/...
     problem: str = ""  # non-empty: the device is known but cannot be prepared (why)
+    placement: migcontrol.Placement | None = None  # dynamic MIG: the instance prepare creates
+    dynamic: bool = False  # a full GPU whose MIG mode dynamic MIG manages
     members: tuple[PreparableDevice, ...] = ()  # a set: its full GPUs
 
     @property
@@ -47,7 +55,8 @@ class PreparableDevice:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Inventory:
     devices: Mapping[str, PreparableDevice]
-    settable: frozenset[str] = frozenset()  # full GPUs not in MIG mode: what sets are made of
+    settable: frozenset[str] = frozenset()  # full GPUs (not in MIG mode, or dynamic): set members
+    mig_minors: Mapping[str, int] | None = None  # None: fake mode
 
     def get(self, name: str) -> PreparableDevice | None:
         """The device published as ``name``; a set name maps to its member GPUs."""
@@ -71,6 +80,21 @@ class Inventory:
             members=full,
         )
 
+    def created(self, planned: PreparableDevice, instance: migcontrol.Instance) -> PreparableDevice:
+        """The dynamic MIG device ``planned`` once its instance exists (UUID, capability nodes)."""
+        nodes, problem = mig_nodes(
+            planned.parent_minor,
+            instance.gpu_instance_id,
+            instance.compute_instance_id or 0,
+            self.mig_minors,
+        )
+        return dataclasses.replace(
+            planned,
+            uuid=instance.uuid or "",
+            device_nodes=(f"/dev/nvidia{planned.parent_minor}", *nodes),
+            problem=problem,
+        )
+
 
 def overlaps(devices: Sequence[tuple[str, PreparableDevice]]) -> list[str]:
     """Pairs of a claim's devices that use one physical GPU (``(result label, device)``).
@@ -90,7 +114,12 @@ def overlaps(devices: Sequence[tuple[str, PreparableDevice]]) -> list[str]:
     return list(dict.fromkeys(clashes))
 
 
-def build(node: model.NodeDevices, *, mig_minors: Mapping[str, int] | None) -> Inventory:
+def build(
+    node: model.NodeDevices,
+    *,
+    mig_minors: Mapping[str, int] | None,
+    dynamic: migprofiles.DynamicMig = migprofiles.STATIC,
+) -> Inventory:
     """Index ``node``'s devices by published name.
 
     ``mig_minors`` maps ``gpu<minor>/gi<id>/access`` and ``gpu<minor>/gi<id>/ci<id>/access`` to
@@ -98,16 +127,38 @@ def build(node: model.NodeDevices, *, mig_minors: Mapping[str, int] | None) -> I
     """
     devices: dict[str, PreparableDevice] = {}
     for gpu in node.gpus:
+        is_dynamic = dynamic.selects(gpu)
         devices[gpu.name] = PreparableDevice(
             name=gpu.name,
             kind="gpu",
             uuid=gpu.uuid,
             parent_minor=gpu.minor,
             device_nodes=(f"/dev/nvidia{gpu.minor}",),
+            dynamic=is_dynamic,
         )
+        if is_dynamic:
+            for place in migprofiles.placements(gpu):
+                devices[place.name] = PreparableDevice(
+                    name=place.name,
+                    kind="mig",
+                    uuid="",
+                    parent_minor=gpu.minor,
+                    device_nodes=(f"/dev/nvidia{gpu.minor}",),
+                    placement=migcontrol.Placement(
+                        parent_uuid=gpu.uuid,
+                        profile=place.profile.name,
+                        profile_id=place.profile.id,
+                        profile_slot=place.profile.slot,
+                        start=place.start,
+                        size=place.size,
+                    ),
+                )
+            continue
         for mig in gpu.mig_devices:
             name = model.mig_device_name(gpu, mig)
-            nodes, problem = _mig_nodes(gpu, mig, mig_minors)
+            nodes, problem = mig_nodes(
+                gpu.minor, mig.gpu_instance_id, mig.compute_instance_id, mig_minors
+            )
             devices[name] = PreparableDevice(
                 name=name,
                 kind="mig",
@@ -116,19 +167,20 @@ def build(node: model.NodeDevices, *, mig_minors: Mapping[str, int] | None) -> I
                 device_nodes=(f"/dev/nvidia{gpu.minor}", *nodes),
                 problem=problem,
             )
-    settable = frozenset(g.name for g in node.gpus if not g.mig_enabled)
-    return Inventory(devices=devices, settable=settable)
+    settable = frozenset(g.name for g in node.gpus if not g.mig_enabled or dynamic.selects(g))
+    return Inventory(devices=devices, settable=settable, mig_minors=mig_minors)
 
 
-def _mig_nodes(
-    gpu: model.Gpu, mig: model.MigDevice, minors: Mapping[str, int] | None
+def mig_nodes(
+    minor: int, gi: int, ci: int, minors: Mapping[str, int] | None
 ) -> tuple[tuple[str, ...], str]:
-    gi_key = f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/access"
-    ci_key = f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/ci{mig.compute_instance_id}/access"
+    """Capability nodes of GPU instance ``gi`` / compute instance ``ci`` on GPU ``minor``."""
+    gi_key = f"gpu{minor}/gi{gi}/access"
+    ci_key = f"gpu{minor}/gi{gi}/ci{ci}/access"
     if minors is None:
         # Fake mode: unique, stable numbers; the nodes map to a harmless host node.
-        base = 3 + gpu.minor * 200 + mig.gpu_instance_id * 10
-        found = {gi_key: base, ci_key: base + 1 + mig.compute_instance_id}
+        base = 3 + minor * 200 + gi * 10
+        found = {gi_key: base, ci_key: base + 1 + ci}
     else:
         found = {k: minors[k] for k in (gi_key, ci_key) if k in minors}
     missing = [k for k in (gi_key, ci_key) if k not in found]

@@ -7,10 +7,15 @@ here too, as the last line of defence: a device prepared for one claim is refuse
 unless one of them has admin access or both hold shares of a multi-allocatable device.
 
 Order of effects (crash-safety argument):
-prepare:   checkpoint PrepareStarted (carries the sharing intent) → apply GPU sharing
-           (:mod:`~dra_driver.driver.sharing`) → write CDI spec → checkpoint PrepareCompleted
-unprepare: restore GPU sharing defaults → delete checkpoint record → remove CDI spec
-start-up:  sharing of completed records re-applied, of PrepareStarted ones restored;
+prepare:   checkpoint PrepareStarted (carries the sharing intent and the dynamic MIG instances
+           to create) → apply GPU sharing (:mod:`~dra_driver.driver.sharing`) → create MIG
+           instances (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint
+           PrepareCompleted
+unprepare: restore GPU sharing defaults → destroy MIG instances → delete checkpoint record →
+           remove CDI spec
+start-up:  sharing of completed records re-applied, of PrepareStarted ones restored; MIG
+           instances on dynamic GPUs that no completed record owns destroyed, a completed
+           record whose MIG instance is gone unprepared (a crash cut its unprepare short);
            PrepareStarted → spec removed, record deleted (rolled back); a completed record
            whose spec is missing → spec rewritten from it; a spec of ours with no record → removed.
 """
@@ -28,6 +33,7 @@ import structlog
 from dra_driver import logs
 from dra_driver.apimachinery import taints
 from dra_driver.driver import cdi, checkpoint, claims, config, inventory, results, sharing
+from dra_driver.driver import mig as mig_mod
 from dra_driver.kube import api as kube
 
 
@@ -123,6 +129,7 @@ class ClaimState:
         store: checkpoint.Checkpoint,
         log: structlog.typing.FilteringBoundLogger,
         gpu_sharing: sharing.GpuSharing | None = None,
+        mig_instances: mig_mod.MigInstances | None = None,
         device_taints: DeviceTaints | None = None,
     ) -> None:
         """``device_taints``: a device's taints now; a claim whose request does not tolerate
@@ -137,6 +144,7 @@ class ClaimState:
         self.locks = ClaimLocks()
         self.ownership = Ownership()
         self.sharing = gpu_sharing or sharing.GpuSharing(gpu_control=None, log=log)
+        self.mig = mig_instances or mig_mod.MigInstances(control=None, devices=devices, log=log)
         self.device_taints = device_taints
 
     # ---- start-up ----------------------------------------------------------------------------
@@ -154,6 +162,7 @@ class ClaimState:
                 claims=report.other_boot,
             )
         self._recover_sharing(report.records)
+        unprepared = self.mig.recover(report.records)
         for record in report.records:
             clog = logs.claim_logger(
                 self.log, uid=record.uid, namespace=record.namespace, name=record.name
@@ -163,11 +172,15 @@ class ClaimState:
                 self.store.delete(record.uid)
                 clog.warning("rolled back a preparation interrupted by a crash")
                 continue
+            if record.uid in unprepared:
+                self._forget(record.uid, strict=False)
+                clog.warning("finished an unprepare interrupted by a crash (MIG instance gone)")
+                continue
             try:
                 if not self.specs.spec_path(record.uid).exists():
                     self.specs.write(record.uid, record.cdiSpec)
                     clog.warning("restored the missing CDI spec of a prepared claim")
-                self.ownership.reserve(_ref(record), _allocated(record))
+                self.ownership.reserve(_ref(record), self._owned(_allocated(record)))
             except (OSError, claims.ClaimError) as exc:
                 clog.error("prepared claim is inconsistent after restart", error=str(exc))
         known = {r.uid for r in self.store.records()}
@@ -214,12 +227,17 @@ class ClaimState:
             )
             planned = self._plan(ref, allocated)
             wanted = sharing.targets(ref, planned)
-            spec = self.specs.build(ref, planned)
-            self.ownership.reserve(ref, allocated)
+            migs = self.mig.intents(ref, allocated)  # dynamic MIG: specs need the new UUIDs
+            spec = {} if migs else self.specs.build(ref, planned)
+            self.ownership.reserve(ref, self._owned(allocated))
             try:
-                record = self._record(ref, allocated, planned, spec)
+                record = self._record(ref, allocated, planned, spec, migs)
                 self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
                 self.sharing.apply(ref, wanted)
+                planned, made = self.mig.apply(ref, planned, allocated)
+                if made:
+                    spec = self.specs.build(ref, planned)
+                    record = self._record(ref, allocated, planned, spec, made)
                 self.specs.write(ref.uid, spec)
                 self.store.put(record)
             except BaseException:
@@ -256,11 +274,21 @@ class ClaimState:
                 if strict:
                     raise
                 self.log.error("GPU sharing not restored", claim_uid=uid, error=str(exc))
+            try:
+                self.mig.release(record)
+            except mig_mod.MigError as exc:
+                if strict:
+                    raise
+                self.log.error("MIG instances not destroyed", claim_uid=uid, error=str(exc))
         self.store.delete(uid)
         self.specs.remove(uid)
         self.ownership.release(uid)
 
     # ---- helpers -------------------------------------------------------------------------------
+
+    def _owned(self, allocated: Sequence[claims.AllocatedDevice]) -> list[claims.AllocatedDevice]:
+        """What a claim holds: its devices, and the memory slices of its dynamic MIG devices."""
+        return [*allocated, *self.mig.ownership_keys(allocated)]
 
     def _plan(
         self, ref: claims.ClaimRef, allocated: Sequence[claims.AllocatedDevice]
@@ -307,6 +335,7 @@ class ClaimState:
         allocated: Sequence[claims.AllocatedDevice],
         planned: Sequence[cdi.Planned],
         spec: dict[str, object],
+        migs: Mapping[str, checkpoint.MigRecord],
     ) -> checkpoint.ClaimRecord:
         return checkpoint.ClaimRecord(
             uid=ref.uid,
@@ -323,6 +352,7 @@ class ClaimState:
                     shareId=dev.share_id,
                     adminAccess=dev.admin_access,
                     config=plan.config.to_json(),
+                    mig=migs.get(dev.device),
                 )
                 for dev, plan in zip(allocated, planned, strict=True)
             ),

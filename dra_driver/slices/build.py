@@ -11,7 +11,8 @@ Layout of the pool: a slice with the shared per-GPU counters (when the node has 
 then the devices in order: one per full GPU or MIG device (by minor), then the GPU-set devices
 (:mod:`.gpusets`), by size and best first; 64 devices per slice once they consume counters. A
 later pass over the devices (taints, say) finds the GPUs of any device with
-:func:`gpusets.gpu_uuids`.
+:func:`gpusets.gpu_uuids`. GPUs handed to dynamic MIG are published as their full GPU plus one
+device per MIG profile placement, with a counter set each (:mod:`dra_driver.slices.migslices`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dra_driver.apimachinery import semver
-from dra_driver.devices import model, topology
-from dra_driver.slices import gpusets, validate
+from dra_driver.devices import migprofiles, model, topology
+from dra_driver.slices import gpusets, migslices, validate
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -57,6 +58,7 @@ def build(
     generation: int = 1,
     gpu_sets: bool = True,
     decorate: Callable[[list[Obj]], None] | None = None,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
 ) -> Build:
     """The complete desired set of ResourceSlices for ``node_name``: one pool named after it.
 
@@ -65,8 +67,9 @@ def build(
     cannot allocate devices that consume counters). ``decorate`` is a pass over all device
     entries, GPU sets included, before they are checked and split into slices (e.g.
     :func:`dra_driver.slices.taints.decorator` adds the taints of unhealthy GPUs; tainted
-    devices lower the per-slice limit, which the split honours). Raises :class:`BuildError`
-    when the node or driver name itself breaks an API rule.
+    devices lower the per-slice limit, which the split honours). ``dynamic_mig`` says which
+    MIG-capable GPUs are published for dynamic MIG (that needs partitionable devices too).
+    Raises :class:`BuildError` when the node or driver name itself breaks an API rule.
     """
     empty = validate.validate(_slice(node_name, driver_name, [], 0, 1, generation, node_uid))
     if empty:
@@ -75,9 +78,14 @@ def build(
             f"{driver_name!r}: " + "; ".join(str(e) for e in empty)
         )
     problems: list[str] = []
-    kept = _valid(device_entries(devices, problems), node_name, driver_name, generation, problems)
+    entries = device_entries(devices, problems, dynamic_mig=dynamic_mig)
+    kept = _valid(entries, node_name, driver_name, generation, problems)
     checked = len(kept)  # sets are only made of GPUs whose own device is valid
-    counter_sets = gpusets.add(devices, kept, memory_text=bytes_quantity) if gpu_sets else []
+    # A dynamic GPU is published whole (whatever its MIG mode): it joins the per-GPU counters
+    # and the GPU sets like any full GPU; then its own counter set is wired in.
+    whole = migslices.as_whole(devices, dynamic_mig)
+    counter_sets = gpusets.add(whole, kept, memory_text=bytes_quantity) if gpu_sets else []
+    counter_sets += migslices.attach(devices, dynamic_mig, kept, counter_sets, quantity=_quantity)
     if decorate is not None:
         decorate(kept)
         checked = 0  # a pass may change any device
@@ -143,18 +151,43 @@ def slice_name(node_name: str, driver_name: str, index: int, count: int = 1) -> 
     return f"{node_name[:200].rstrip('-.')}-{digest}-{number}"
 
 
-def device_entries(devices: model.NodeDevices, problems: list[str] | None = None) -> list[Obj]:
-    """The ``spec.devices`` entries of the pool, sorted by GPU minor, MIG placement."""
+def device_entries(
+    devices: model.NodeDevices,
+    problems: list[str] | None = None,
+    *,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
+) -> list[Obj]:
+    """The ``spec.devices`` entries of the pool, sorted by GPU minor, MIG placement. A dynamic
+    MIG GPU gives its full GPU, then every placement in NVML's profile order (their counters
+    are wired in once the pool's counter sets exist: :func:`migslices.attach`)."""
     problems = problems if problems is not None else []
     topo = topology.build(devices)
     out: list[Obj] = []
     for gpu in sorted(devices.gpus, key=lambda g: (g.minor, g.index)):
+        if dynamic_mig.selects(gpu):
+            out.append(_gpu_device(gpu, topo, problems))
+            shared: Obj = {}
+            _common(gpu, shared, [], gpu.name)
+            out += [
+                migslices.placement_device(place, shared, _quantity)
+                for place in migprofiles.placements(gpu)
+            ]
+            continue
+        if dynamic_mig.wants(gpu) and dynamic_mig.spec != migprofiles.ALL:
+            problems.append(
+                f"GPU {gpu.name} ({gpu.product_name}) matches --dynamic-mig {dynamic_mig.spec!r} "
+                "but NVML lists no MIG profile placements for it; published as it is"
+            )
         if gpu.mig_enabled:
             for mig in sorted(gpu.mig_devices, key=lambda m: (m.placement_start, m.uuid)):
                 out.append(_mig_device(gpu, mig, problems))
         else:
             out.append(_gpu_device(gpu, topo, problems))
     return out
+
+
+def _quantity(counter: str, value: int) -> str:
+    return bytes_quantity(value) if counter == migslices.MEMORY else count_quantity(value)
 
 
 def normalize_version(text: str) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from dra_driver import logs
-from dra_driver.devices import model
+from dra_driver.devices import migprofiles, model
 from dra_driver.kube import api
 from dra_driver.slices import build, compare, validate
 
@@ -372,6 +372,7 @@ def start_node_publisher(
     node_name: str,
     log: Log | None = None,
     on_pass: Callable[[Outcome | None], None] | None = None,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     decorate: Callable[[list[api.Obj]], None] | None = None,
 ) -> Publisher:
     """Build the node's slices from ``devices`` and keep them published (the node agent's hook).
@@ -379,7 +380,13 @@ def start_node_publisher(
     ``decorate``: a pass over the devices before they become slices (device taints).
     Raises :class:`~dra_driver.slices.build.BuildError` when the names cannot make a slice.
     """
-    result = build.build(devices, node_name=node_name, driver_name=driver_name, decorate=decorate)
+    result = build.build(
+        devices,
+        node_name=node_name,
+        driver_name=driver_name,
+        decorate=decorate,
+        dynamic_mig=dynamic_mig,
+    )
     publisher = Publisher(
         kube=api, driver_name=driver_name, node_name=node_name, log=log, on_pass=on_pass
     )

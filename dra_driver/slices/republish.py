@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from dra_driver.devices import health, model
+from dra_driver.devices import health, migprofiles, model
 from dra_driver.slices import build, taints
 
 Obj = dict[str, Any]
@@ -102,6 +102,7 @@ def follow(
     node_name: str,
     driver_name: str,
     log: structlog.typing.FilteringBoundLogger,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
 ) -> HealthRepublisher:
     """Start re-publishing ``devices``' slices with the taints of ``board`` on every change."""
 
@@ -111,6 +112,7 @@ def follow(
             node_name=node_name,
             driver_name=driver_name,
             decorate=taints.decorator(snapshot, driver_name),
+            dynamic_mig=dynamic_mig,
         ).slices
 
     follower = HealthRepublisher(

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from dra_driver.devices import health, model
+from dra_driver.devices import health, migprofiles, model
 from dra_driver.slices import build, devicerules, gpusets
 
 Obj = dict[str, Any]
@@ -100,12 +100,18 @@ def lookup(
 
 
 def published_uuids(
-    devices: model.NodeDevices, *, node_name: str, driver_name: str
+    devices: model.NodeDevices,
+    *,
+    node_name: str,
+    driver_name: str,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
 ) -> dict[str, tuple[str, ...]]:
     """Published device name → the GPU/MIG UUIDs it stands for (whose health is watched)."""
     try:
-        result = build.build(devices, node_name=node_name, driver_name=driver_name)
+        result = build.build(
+            devices, node_name=node_name, driver_name=driver_name, dynamic_mig=dynamic_mig
+        )
         entries = [d for s in result.slices for d in s["spec"].get("devices", [])]
     except build.BuildError:  # not publishable at all: still watch what we would prepare
-        entries = build.device_entries(devices)
+        entries = build.device_entries(devices, dynamic_mig=dynamic_mig)
     return {d["name"]: device_uuids(d, driver_name) for d in entries}

@@ -44,12 +44,27 @@ def test_demo_default_profile_runs_green() -> None:
     assert "allocated: gpu-" in out and "(request gpu/h100)" in out
     assert '"kind": "k8s.gpu.nvidia.com/claim"' in out
     # The health scene: a GPU fails, is tainted, and recovers.
-    assert "Scene 2 of 3: health" in out
+    assert "Scene 2 of 4: health" in out
     assert "key: gpu.nvidia.com/xid" in out and "effect: NoExecute" in out
     assert "[ok] discover shows gpu-0 Unhealthy (xid=79)" in out
     assert "[ok] an eight-GPU claim no longer fits:" in out
     assert "[ok] the eight-GPU claim fits again" in out
     assert "[ok] discover: gpu-0 Healthy, recoveries 2" in out
+    # The dynamic MIG scene: one H100 as 1g.10gb + 2g.20gb + 3g.40gb, made and destroyed.
+    assert "Scene 4 of 4: mig" in out
+    for name, device in (
+        ("small (1g.10gb)", "gpu-0-mig-1g-10gb-0"),
+        ("medium (2g.20gb)", "gpu-0-mig-2g-20gb-2"),
+        ("large (3g.40gb)", "gpu-0-mig-3g-40gb-4"),
+    ):
+        assert f"[ok] {name}: allocated {device}" in out
+    assert "[('1g.10gb', 0, 1), ('2g.20gb', 2, 2), ('3g.40gb', 4, 4)]" in out
+    assert (
+        "gpu-0-mig-4g-40gb-0: gpu-0: 1 of 7 compute slices left, 4g.40gb needs 4 at placement 0, "
+        "overlaps 1g.10gb at 0, 2g.20gb at 2" in out
+    )
+    assert "[ok] all three unprepared; instances left on gpu-0: []" in out
+    assert "[ok] gpu-0: MIG mode switched off for the full GPU" in out
     assert out.rstrip().endswith("demo OK: every step did what it must.")
 
 

@@ -67,7 +67,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "kubelet-plugin-fake": {
         **_COMMON,
         "fakeGPU": {"profile": "dgx-h100"},
-        "kubeletPlugin": {**_PATHS, "seamlessUpgrade": True},
+        "kubeletPlugin": {**_PATHS, "seamlessUpgrade": True, "dynamicMig": "H100"},
     },
     "kubelet-plugin-no-node-labels": {
         **_COMMON,

@@ -4,12 +4,15 @@
 profile into the device model directly (before discovery went through the pynvml stand-in).
 Discovery through NVML must give equal dataclasses for every built-in profile. Facts added to
 the model later (``mig_capable``, ``machine_type``, for node labels) were added to the recordings
-from the profiles that state them.
+from the profiles that state them. MIG profile tables (``Gpu.mig_profiles``) are NVML facts only:
+they are left out of the comparison and tested in ``test_fakemig.py``, as is ``h100-mig``, a
+profile added after the direct conversion was gone.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import pytest
 from dra_driver.devices import fake, model, profiles
 
 RECORDED = Path(__file__).parent / "data" / "direct"
+LATER = {"h100-mig"}  # profiles added after the direct conversion was gone
 
 
 def from_dict(data: dict[str, Any]) -> model.NodeDevices:
@@ -41,13 +45,16 @@ def from_dict(data: dict[str, Any]) -> model.NodeDevices:
 
 
 def test_every_builtin_profile_was_recorded() -> None:
-    assert sorted(p.stem for p in RECORDED.glob("*.json")) == profiles.builtin_names()
+    recorded = sorted(p.stem for p in RECORDED.glob("*.json"))
+    assert recorded == sorted(set(profiles.builtin_names()) - LATER)
 
 
-@pytest.mark.parametrize("name", profiles.builtin_names())
+@pytest.mark.parametrize("name", sorted(set(profiles.builtin_names()) - LATER))
 def test_nvml_path_equals_the_recorded_direct_conversion(name: str) -> None:
     recorded = from_dict(json.loads((RECORDED / f"{name}.json").read_text()))
-    assert fake.FakeBackend.from_name(name).discover() == recorded
+    found = fake.FakeBackend.from_name(name).discover()
+    without_tables = tuple(dataclasses.replace(g, mig_profiles=()) for g in found.gpus)
+    assert dataclasses.replace(found, gpus=without_tables) == recorded
 
 
 def test_from_file_and_profile(tmp_path: Path) -> None:

@@ -127,10 +127,12 @@ class Node:
     def claims_dir(self) -> Path:
         return self.settings.plugin_dir / "claims"
 
+    profile: str = "dgx-h100"
+
     def restart(self, **changes: Any) -> driver_mod.Driver:
         self.driver.close()
         self.settings = dataclasses.replace(self.settings, **changes)
-        self.driver = build(self.settings, self.api)
+        self.driver = build(self.settings, self.api, self.profile)
         return self.driver
 
     def add(self, obj: dict[str, Any]) -> claims.ClaimRef:
@@ -146,8 +148,14 @@ class Node:
 def build(
     settings: app.PluginSettings, api: memory.InMemoryApi, profile: str = "dgx-h100"
 ) -> driver_mod.Driver:
-    devices = fake.FakeBackend.from_name(profile).discover()
-    return app.build_driver(settings, devices=devices, api=api, log=logs.get("test"))
+    """The plugin core on a fake profile; with ``settings.dynamic_mig`` its MIG instances live
+    in the stand-in's state file under the plugin directory, as the agent keeps them."""
+    backend = fake.FakeBackend.from_name(profile)
+    mig_control = app.mig_control_for(settings, backend)
+    devices = backend.discover()
+    return app.build_driver(
+        settings, devices=devices, api=api, log=logs.get("test"), mig_control=mig_control
+    )
 
 
 @pytest.fixture
@@ -172,7 +180,7 @@ def node_factory(tmp_path: Path) -> Iterator[Callable[..., Node]]:
         )
         settings = dataclasses.replace(settings, **changes)
         api = memory.InMemoryApi(use_default_cel=False)
-        n = Node(api=api, settings=settings, driver=build(settings, api, profile))
+        n = Node(api=api, settings=settings, driver=build(settings, api, profile), profile=profile)
         made.append(n)
         return n
 

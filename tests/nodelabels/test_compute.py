@@ -50,6 +50,8 @@ EXPECTED = {
                    "false", "535.216.01", "12.2", None),
     "dgx-h100": ("NVIDIA-H100-80GB-HBM3", 8, 81920, "hopper", "9.0", "DGX-H100", "true",
                  "580.95.05", "13.0", None),
+    "h100-mig": ("NVIDIA-H100-80GB-HBM3", 2, 81920, "hopper", "9.0", "unknown", "true",
+                 "580.95.05", "13.0", None),
     "gb200-nvl": ("NVIDIA-GB200", 4, 189471, "blackwell", "10.0", "unknown", "true",
                   "580.95.05", "13.0", "3f2a8c1e-5b7d-4e90-a1c2-6d8e9f0a1b2c.32766"),
     "h100-nvl-pairs": ("NVIDIA-H100-NVL", 4, 96256, "hopper", "9.0", "unknown", "true",

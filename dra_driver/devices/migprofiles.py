@@ -1,0 +1,129 @@
+"""Dynamic MIG over the device model: which GPUs are dynamic, and the placements they offer.
+
+Why it exists: publishing (one device per profile placement, counters), preparing (create the
+instance at the allocated placement) and recovery must agree on the same facts — which GPUs the
+operator handed to dynamic MIG (``--dynamic-mig none|all|<product regex>``), the placements of
+each, their names (the names existing MIG devices get, :func:`model.mig_placement_name`), and
+the memory and compute slices of a GPU. This module is those facts and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable
+
+from dra_driver.devices import model
+
+NONE = "none"
+ALL = "all"
+
+
+class SelectorError(ValueError):
+    """A ``--dynamic-mig`` value that is neither none, all nor a valid regular expression."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DynamicMig:
+    """Which MIG-capable GPUs are dynamic: ``none``, ``all`` or a product-name regex."""
+
+    spec: str = NONE
+
+    @classmethod
+    def parse(cls, text: str | None) -> DynamicMig:
+        value = (text or NONE).strip()
+        if value.lower() in (NONE, ALL):
+            return cls(value.lower())
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise SelectorError(
+                f"--dynamic-mig {value!r}: not none, all or a regular expression over the GPU "
+                f"product name ({exc})"
+            ) from None
+        return cls(value)
+
+    @property
+    def enabled(self) -> bool:
+        return self.spec != NONE
+
+    def wants(self, gpu: model.Gpu) -> bool:
+        """Whether the operator asked for ``gpu`` (MIG-capable or not)."""
+        if self.spec == NONE:
+            return False
+        if self.spec == ALL:
+            return True
+        return re.search(self.spec, gpu.product_name, re.IGNORECASE) is not None
+
+    def selects(self, gpu: model.Gpu) -> bool:
+        """Whether ``gpu`` is dynamic: asked for, and NVML listed profiles with placements."""
+        return self.wants(gpu) and capable(gpu)
+
+    def dynamic_gpus(self, gpus: Iterable[model.Gpu]) -> list[model.Gpu]:
+        return [g for g in gpus if self.selects(g)]
+
+
+STATIC = DynamicMig()  # the default: no GPU is dynamic
+
+
+def capable(gpu: model.Gpu) -> bool:
+    return any(p.placements for p in gpu.mig_profiles)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Placement:
+    """One profile at one place on one GPU: what a dynamic MIG device stands for."""
+
+    gpu: model.Gpu
+    profile: model.MigProfile
+    start: int
+    size: int
+
+    @property
+    def name(self) -> str:
+        return model.mig_placement_name(self.gpu.minor, self.profile.name, self.start)
+
+    @property
+    def memory_slices(self) -> range:
+        return range(self.start, self.start + self.size)
+
+
+def placements(gpu: model.Gpu) -> list[Placement]:
+    """Every placement of every profile, in NVML's profile order, then by start."""
+    return [
+        Placement(gpu=gpu, profile=profile, start=start, size=size)
+        for profile in sorted(gpu.mig_profiles, key=lambda p: p.slot)
+        for start, size in profile.placements
+    ]
+
+
+def memory_slices(gpu: model.Gpu) -> int:
+    """Memory slices of the GPU (8 on A100 and H100): the end of the furthest placement."""
+    return max((s + n for p in gpu.mig_profiles for s, n in p.placements), default=0)
+
+
+def compute_slices(gpu: model.Gpu) -> int:
+    """Compute slices of the GPU (7 on A100 and H100): those of its largest profile."""
+    return max((p.slices for p in gpu.mig_profiles if p.placements), default=0)
+
+
+def whole(gpu: model.Gpu) -> model.MigProfile | None:
+    """The profile spanning the whole GPU (its totals are the GPU's engines and memory)."""
+    spanning = [
+        p for p in gpu.mig_profiles if any(n == memory_slices(gpu) for _, n in p.placements)
+    ]
+    return max(spanning, key=lambda p: (p.slices, p.memory_bytes), default=None)
+
+
+def health_keys(
+    devices: model.NodeDevices, dynamic: DynamicMig, keys: dict[str, tuple[str, ...]]
+) -> dict[str, tuple[str, ...]]:
+    """``keys`` (published device → UUIDs whose failure makes it unhealthy) with dynamic GPUs'
+    placements: each follows its GPU (an instance lives and dies with it); existing MIG devices
+    of a dynamic GPU go by their placement's name, so they are replaced."""
+    out = dict(keys)
+    for gpu in dynamic.dynamic_gpus(devices.gpus):
+        for mig in gpu.mig_devices:
+            out.pop(model.mig_device_name(gpu, mig), None)
+        out.update({p.name: (gpu.uuid,) for p in placements(gpu)})
+    return out
