@@ -40,14 +40,25 @@ from dra_driver.devices import (
     model,
     nvml,
 )
-from dra_driver.driver import cdi, checkpoint, driverfiles, instances, inventory, sharing, state
+from dra_driver.driver import (
+    cdi,
+    checkpoint,
+    driverfiles,
+    instances,
+    inventory,
+    mps,
+    mpsclaims,
+    mpsprocess,
+    sharing,
+    state,
+)
 from dra_driver.driver import driver as driver_mod
 from dra_driver.driver import mig as mig_mod
 from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.nodelabels import agent as nodelabels
 from dra_driver.nodelabels import compute as labels_compute
-from dra_driver.slices import build, publisher, republish, taints
+from dra_driver.slices import build, publisher, republish, shares, taints
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,6 +87,8 @@ class PluginSettings:
     node_labels: bool = True  # keep this node's GPU labels (docs/labels.md) on its Node
     node_labels_resync_s: float = 60.0
     health: healthpolicy.HealthPolicy = dataclasses.field(default_factory=healthpolicy.HealthPolicy)
+    shareable: shares.Shareable = shares.NONE  # GPUs published with consumable capacity
+    mps_check_interval_s: float = 10.0  # how often dead MPS daemons are looked for (0 = never)
 
     @property
     def plugin_dir(self) -> Path:
@@ -188,6 +201,7 @@ def build_driver(
         boot_id=checkpoint.read_boot_id(settings.boot_id_file),
         log=log,
     )
+    control_ = gpu_control or gpu_control_for(settings, devices=devices, files=files)
     preparable = inventory.build(devices, mig_minors=mig_minors, dynamic=settings.dynamic)
     claim_state = state.ClaimState(
         api=api,
@@ -197,8 +211,13 @@ def build_driver(
         specs=specs,
         store=store,
         log=log,
-        gpu_sharing=sharing.GpuSharing(
-            gpu_control=gpu_control or gpu_control_for(settings, devices=devices, files=files),
+        gpu_sharing=sharing.GpuSharing(gpu_control=control_, log=log),
+        mps=mpsclaims.MpsClaims(
+            daemons=mps_daemons_for(settings, files=files, gpu_control=control_, log=log),
+            store=store,
+            devices=preparable,
+            gpu_memory=mpsclaims.gpu_memory(devices),
+            driver_name=settings.driver_name,
             log=log,
         ),
         mig_instances=mig_mod.MigInstances(control=mig_control, devices=preparable, log=log),
@@ -243,6 +262,32 @@ def gpu_control_for(
     )
 
 
+def mps_daemons_for(
+    settings: PluginSettings,
+    *,
+    files: tuple[driverfiles.Mount, ...],
+    gpu_control: control.GpuControl,
+    log: structlog.typing.FilteringBoundLogger,
+) -> mps.MpsDaemons:
+    """MPS control daemons under ``<plugin dir>/mps``: the stand-in on fake nodes, else the
+    driver root's ``nvidia-cuda-mps-control`` (with its libraries), in a mount namespace whose
+    ``/dev/shm`` is the directory its clients get."""
+    command, env = mpsprocess.program(
+        fake=settings.fake,
+        files=files,
+        driver_root_is_slash=(settings.driver_root_mount or settings.driver_root) == Path("/"),
+    )
+    return mps.MpsDaemons(
+        root=settings.plugin_dir / "mps",
+        command=command,
+        gpu_control=gpu_control,
+        boot_id=checkpoint.read_boot_id(settings.boot_id_file),
+        log=log.bind(component="mps"),
+        env=env,
+        isolate_shm=not settings.fake,
+    )
+
+
 def mig_control_for(
     settings: PluginSettings, backend: devices_backend.Backend
 ) -> migcontrol.MigControl | None:
@@ -280,6 +325,7 @@ def start_publisher(
         on_pass=on_pass,
         decorate=taints.decorator(snap, settings.driver_name) if snap else None,
         dynamic_mig=settings.dynamic,
+        shareable=settings.shareable,
     )
     if board is None or snap is None:
         return pub
@@ -292,6 +338,7 @@ def start_publisher(
         driver_name=settings.driver_name,
         log=log.bind(component="publisher"),
         dynamic_mig=settings.dynamic,
+        shareable=settings.shareable,
     )
 
 
@@ -404,6 +451,13 @@ def run(
         path=settings.registration_socket, services=[reg_service.add_to], log=log, max_workers=2
     )
     cleanup = driver_mod.CleanupLoop(driver=driver, interval_s=settings.cleanup_interval_s, log=log)
+    supervisor = (
+        mpsprocess.Supervisor(
+            check=driver.state.mps.check, interval_s=settings.mps_check_interval_s, log=log
+        )
+        if driver.state.mps is not None
+        else None
+    )
     slice_publisher: Stoppable | None = None
     node_labels: Stoppable | None = None
     try:
@@ -422,6 +476,8 @@ def run(
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))
         node_labels = start_node_labels(settings, devices=devices, api=api, source=board, log=log)
         cleanup.start()
+        if supervisor is not None:
+            supervisor.start()
         log.info(
             "kubelet plugin ready", dra_socket=str(dra.path), registration_socket=str(reg.path)
         )
@@ -434,6 +490,8 @@ def run(
         if node_labels is not None:
             node_labels.stop()
         cleanup.stop()
+        if supervisor is not None:
+            supervisor.stop()
         node_health.stop()
         streams.stop()
         dra.stop(grace_s=5.0)

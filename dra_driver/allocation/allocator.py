@@ -7,16 +7,19 @@ constraints, in-use devices, ``firstAvailable`` order and errors, so its answer 
 allocation kube-scheduler would write. :func:`optimum` answers the other question, "what is the
 best this claim could get here?": the best NVLink/NUMA/PCIe placement among every allocation
 that satisfies the claim. The result has the shape of a claim's ``status.allocation``; a claim
-that cannot be allocated comes back with an explanation.
+that cannot be allocated comes back with an explanation. A share of a multi-allocatable device
+comes back with its ``shareID`` and ``consumedCapacity``, as the scheduler writes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dra_driver.allocation import (
+    capacity,
     claim,
     counters,
     explain,
@@ -59,6 +62,7 @@ class Context:
     ledger: counters.Ledger
     gpus: physical.Gpus
     error: str | None  # a request names a class that does not exist
+    share_rng: random.Random | None = None  # shareIDs from this generator (reproducible)
 
 
 def prepare(
@@ -70,11 +74,15 @@ def prepare(
     allocated: Iterable[pools.DeviceId] = (),
     node_devices: model.NodeDevices | None = None,
     node_labels: Mapping[str, str] | None = None,
+    consumed: capacity.Ledger | None = None,
+    share_rng: random.Random | None = None,
 ) -> Context:
     """Parse ``claim_obj`` (a v1 ResourceClaim or template) against ``node_name``'s devices.
 
     ``node_devices`` (when known) gives exact NVLink link counts for scoring; otherwise the
-    ``nvlinkIsland``, NUMA node and PCIe root attributes of the devices are used. Raises
+    ``nvlinkIsland``, NUMA node and PCIe root attributes of the devices are used.
+    ``consumed``: what allocated shares take of multi-allocatable devices (those devices'
+    counters count as used, once); ``share_rng`` makes shareIDs reproducible. Raises
     :class:`claim.ClaimError` for a malformed claim or class or a selector that does not
     compile, and :class:`pools.SliceError` for a malformed slice.
     """
@@ -84,20 +92,25 @@ def prepare(
     bad_pools = [p for p in pool_list if p.incomplete or p.invalid]
     devices = [d for p in pool_list if not (p.incomplete or p.invalid) for d in p.devices]
     used = set(allocated)
-    ledger = firstfit.ledger_for(pool_list, used)
+    shares = consumed if consumed is not None else capacity.Ledger()
+    ledger = firstfit.ledger_for(pool_list, used | shares.devices())
     blocked = [
         pos
         for pos, d in enumerate(devices)
-        if d.consumes and not ledger.fits((d.driver, d.pool), d.consumes)
+        if d.consumes
+        and not (capacity.multi_allocatable(d) and shares.has(d.id))  # shares skip counters
+        and not ledger.fits((d.driver, d.pool), d.consumes)
     ]
-    sel = selection.Selection(devices=devices, classes=class_map, in_use=used, blocked=blocked)
+    sel = selection.Selection(
+        devices=devices, classes=class_map, in_use=used, blocked=blocked, consumed=shares
+    )
     error = None
     try:
         sel.compile_all(parsed)
     except selection.UnknownClassError as err:
         error = str(err)
     gpus = physical.Gpus(devices, node_devices=node_devices)
-    return Context(parsed, sel, pool_list, bad_pools, ledger, gpus, error)
+    return Context(parsed, sel, pool_list, bad_pools, ledger, gpus, error, share_rng)
 
 
 def allocate(claim_obj: Mapping[str, Any], **kwargs: Any) -> Outcome:
@@ -162,7 +175,7 @@ def best_gpus(ctx: Context, count: int) -> tuple[tuple[str, ...], placement.Scor
 
     "Optimal" as the issue defines it: most NVLink links among them, then pairs on one NUMA
     node, then pairs under one PCIe root, over every equally large set of free GPUs (devices
-    that are one whole GPU, not allocated, their counter untouched, untainted).
+    that are one whole GPU, not allocated, not shared, their counter untouched, untainted).
     """
     sel = ctx.sel
     whole = [
@@ -171,6 +184,7 @@ def best_gpus(ctx: Context, count: int) -> tuple[tuple[str, ...], placement.Scor
         if len(ctx.gpus.of(pos)) == 1
         and physical.kind(dev) == "gpu"
         and not sel.in_use[pos]
+        and not sel.consumed.has(dev.id)
         and pos not in sel.blocked
         and not any(
             t.get("effect") in ("NoSchedule", "NoExecute") for t in dev.data.get("taints") or ()
@@ -211,7 +225,7 @@ def _outcome(
     uuids = ctx.gpus.of_positions(positions)
     return Outcome(
         ctx.parsed.name,
-        allocation_result(ctx.parsed, picks, ctx.sel),
+        allocation_result(ctx.parsed, picks, ctx.sel, share_rng=ctx.share_rng),
         score=ctx.gpus.score(uuids),
         notes=notes,
         gpus=tuple(dict.fromkeys(uuids)),
@@ -223,8 +237,11 @@ def allocation_result(
     parsed: claim.Claim,
     picks: Sequence[tuple[claim.Request, Sequence[int]]],
     sel: selection.Selection,
+    *,
+    share_rng: random.Random | None = None,
 ) -> dict[str, Any]:
-    """``status.allocation`` as the scheduler writes it (results, config, nodeSelector)."""
+    """``status.allocation`` as the scheduler writes it (results, config, nodeSelector); a
+    share of a multi-allocatable device gets its ``shareID`` and ``consumedCapacity``."""
     results: list[dict[str, Any]] = []
     chosen: list[pools.Device] = []
     for req, positions in picks:
@@ -241,6 +258,11 @@ def allocation_result(
                 entry["adminAccess"] = True
             if req.tolerations:
                 entry["tolerations"] = [dict(t) for t in req.tolerations]
+            if sel.multi[pos]:
+                entry["shareID"] = capacity.share_id(share_rng)
+                consumed = capacity.consumption(dev, req.capacity)
+                if consumed:
+                    entry["consumedCapacity"] = capacity.as_status(consumed, dev)
             results.append(entry)
     devices: dict[str, Any] = {"results": results}
     config = _configs(parsed, picks, sel)

@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dra_driver.apimachinery import quantity
+
 EXACT_COUNT = "ExactCount"
 ALL = "All"
 MAX_RESULTS = 32  # allocation results per claim (resource.k8s.io limit)
@@ -34,6 +36,8 @@ class Request:
     count: int  # ExactCount only
     admin_access: bool
     tolerations: tuple[Mapping[str, Any], ...]
+    # ``capacity.requests``: what the request consumes of a shared device (name → quantity)
+    capacity: Mapping[str, quantity.Quantity] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -127,6 +131,16 @@ def _request(spec: Mapping[str, Any], *, main: str, sub: str | None, where: str)
         _mapping(t, f"{where}.tolerations[{i}]")
         for i, t in enumerate(_list(spec.get("tolerations"), f"{where}.tolerations"))
     )
+    requests = _mapping(
+        _mapping(spec.get("capacity"), f"{where}.capacity").get("requests"),
+        f"{where}.capacity.requests",
+    )
+    capacity: dict[str, quantity.Quantity] = {}
+    for key, text in requests.items():
+        try:
+            capacity[str(key)] = quantity.parse_quantity(str(text))
+        except quantity.QuantityError as err:
+            raise ClaimError(f"{where}.capacity.requests[{key}]: {err}") from err
     return Request(
         name=main if sub is None else f"{main}/{sub}",
         main=main,
@@ -137,6 +151,7 @@ def _request(spec: Mapping[str, Any], *, main: str, sub: str | None, where: str)
         count=count,
         admin_access=admin,
         tolerations=tolerations,
+        capacity=capacity,
     )
 
 

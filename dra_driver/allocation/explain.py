@@ -80,16 +80,34 @@ def device_reason(
     if sel.in_use[pos] and not req.admin_access:
         return "allocated to another claim"
     if pos in sel.blocked:
-        return migexplain.blocked_reason(sel, pos, pool_list) or (
-            "uses a GPU that an allocated device holds (its shared counter is used up)"
-        )
+        return migexplain.blocked_reason(sel, pos, pool_list) or _blocked_reason(sel, pos)
     taint = sel.taint_blocks(req, pos)
     if taint is not None:
         return (
             f"tainted {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} "
             "and the request does not tolerate it"
         )
-    return None
+    fit = sel.capacity_fit(req, pos)
+    return None if fit.ok else fit.reason
+
+
+def _blocked_reason(sel: selection.Selection, pos: int) -> str:
+    """Why a device's shared counters are used up: a device holding its GPU, or shares of it."""
+    device = sel.devices[pos]
+    mine = {(s, c) for s, used in device.consumes for c, _ in used}
+    sharers = [
+        d.name
+        for d in sel.devices
+        if sel.consumed.has(d.id)
+        and (d.driver, d.pool) == (device.driver, device.pool)
+        and mine & {(s, c) for s, used in d.consumes for c, _ in used}
+    ]
+    if sharers:
+        return (
+            f"uses a GPU that allocated shares hold ({', '.join(sharers)}; its shared counter "
+            "is used up while any share exists)"
+        )
+    return "uses a GPU that an allocated device holds (its shared counter is used up)"
 
 
 def _plural(n: int, word: str) -> str:

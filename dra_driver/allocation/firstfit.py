@@ -11,17 +11,29 @@ allocator is a depth-first search whose first complete solution wins:
   (pools by name, slices by name, devices in slice order), so a request's devices are tried as
   combinations in that order; the next request starts again from the first device;
 * a device is skipped when allocated (unless the request has admin access, which only skips
-  devices this claim already takes), when its selectors do not match, when its counters do not
-  fit (:mod:`.counters`), when it carries a NoSchedule/NoExecute taint the request does not
-  tolerate, or when a ``matchAttribute`` constraint would break (backtracking, not an error);
+  devices this claim already takes), when its selectors do not match, when what is left of its
+  capacity does not cover the request's ``capacity.requests`` (:mod:`.capacity`), when its
+  counters do not fit (:mod:`.counters`), when it carries a NoSchedule/NoExecute taint the
+  request does not tolerate, or when a ``matchAttribute`` constraint would break (backtracking,
+  not an error);
+* a multi-allocatable device (``allowMultipleAllocations``) is never "in use": other claims and
+  other requests of the same claim may take it again while capacity is left (a request's own
+  devices are still distinct: each slot starts after the previous one). Each allocation is a
+  share with its own ``shareID`` and ``consumedCapacity``. Its counters are charged only when
+  the device has no capacity in use yet (no allocated share, none in this search): the first
+  share books them, later shares skip the counter check; an allocated device with shares
+  counts as allocated when the pool's counters are totted up, once;
 * ``allocationMode: All`` takes exactly the matching devices; one that cannot be added stops
   that branch, and a constraint it breaks is an error;
 * a selector that fails to evaluate on a device the search reaches is an error that aborts
   allocation on the node; more than 32 results per claim make that branch fail (a
   ``firstAvailable`` request then tries its next subrequest).
 
-Custom capacity requests and multi-allocatable devices (``allowMultipleAllocations``) are not
-modelled: none of our devices or claims use them.
+Known difference: 1.36 releases without the fix kubernetes/kubernetes#140431 (backported to
+release-1.36 in July 2026 as #140663) do not give back the counters they booked for a candidate
+that a taint or a constraint then rejects, nor those of a multi-allocatable device's first share
+when they backtrack; such a scheduler can leave a pod pending that fits. Here every rejection
+and backtrack gives back what it booked, as the fixed scheduler does.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from dra_driver.allocation import claim, counters, pools, selection
+from dra_driver.allocation import capacity, claim, counters, pools, selection
 
 DEFAULT_BUDGET = 200_000  # search steps before giving up ("undecided")
 
@@ -94,6 +106,10 @@ class _Search:
         ]
         self.con_count: list[list[int]] = [[0] * len(c.constraints) for c, _ in claims]
         self.all_devices: dict[tuple[int, str], list[int]] = {}
+        # Shares of multi-allocatable devices taken in this search: position -> consumptions;
+        # and, per result, whether it booked its device's counters.
+        self.taking: dict[int, list[dict[str, capacity.Q]]] = {}
+        self.booked: list[list[bool]] = [[] for _ in claims]
 
     # ---- checks ------------------------------------------------------------------------------
 
@@ -103,6 +119,19 @@ class _Search:
             dev = self.devices[pos].name
             raise _Abort(f"request {req.name}: {found.where} on {dev}: {found.error}")
         return found is None
+
+    def _fits(self, ci: int, req: claim.Request, pos: int) -> capacity.Fit:
+        """What is left of the device's capacity (allocated shares and those taken in this
+        search) covers the request."""
+        taken = self.taking.get(pos)
+        if not taken:
+            return self.claims[ci][1].capacity_fit(req, pos)
+        device = self.devices[pos]
+        used = capacity.combined(self.sel.consumed.of(device.id), *taken)
+        return capacity.fit(device, req.capacity, used)
+
+    def _capacity_in_use(self, pos: int) -> bool:
+        return self.sel.consumed.has(self.devices[pos].id) or bool(self.taking.get(pos))
 
     def _busy(self, ci: int, req: claim.Request, pos: int) -> bool:
         takers = self.allocating.get(pos, set())
@@ -129,7 +158,9 @@ class _Search:
                                 f"pool {pool.driver}/{pool.name} is {state}"
                             )
                         found = [
-                            p for p in range(len(self.devices)) if self._selectable(ci, req, p)
+                            p
+                            for p in range(len(self.devices))
+                            if self._selectable(ci, req, p) and sel.capacity_fit(req, p).ok
                         ]
                         self.all_devices[(ci, req.name)] = found
                         counts.append(len(found))
@@ -187,6 +218,8 @@ class _Search:
         for pos in range(start, len(self.devices)):
             if self._busy(ci, req, pos) or not self._selectable(ci, req, pos):
                 continue
+            if not self._fits(ci, req, pos).ok:
+                continue
             if not self._add(ci, req, pos, must=False):
                 continue
             if self._descend(ci, req, pos, (gi, ai, slot + 1, in_sub, pos + 1)):
@@ -210,7 +243,9 @@ class _Search:
             return False
         device = self.devices[pos]
         pool_key = (device.driver, device.pool)
-        if not self.ledger.fits(pool_key, device.consumes):
+        multi = self.sel.multi[pos]
+        charge = not (multi and self._capacity_in_use(pos))  # shares after the first skip
+        if charge and not self.ledger.fits(pool_key, device.consumes):
             return False
         if self.claims[ci][1].taint_blocks(req, pos) is not None:
             return False
@@ -234,8 +269,18 @@ class _Search:
                 values[i] = key
             count[i] += 1
             added.append(i)
-        self.ledger.take(pool_key, device.consumes)
-        self.allocating.setdefault(pos, set()).add(ci)
+        if multi:
+            fit = self._fits(ci, req, pos)
+            if not fit.ok:  # checked before; only `All` requests reach here unchecked
+                for j in added:
+                    count[j] -= 1
+                return False
+            self.taking.setdefault(pos, []).append(capacity.consumption(device, req.capacity))
+        else:
+            self.allocating.setdefault(pos, set()).add(ci)
+        if charge:
+            self.ledger.take(pool_key, device.consumes)
+        self.booked[ci].append(charge)
         self.results[ci].append((req.name, pos))
         return True
 
@@ -244,8 +289,12 @@ class _Search:
             if con.applies(req):
                 self.con_count[ci][i] -= 1
         device = self.devices[pos]
-        self.ledger.give_back((device.driver, device.pool), device.consumes)
-        self.allocating[pos].discard(ci)
+        if self.booked[ci].pop():
+            self.ledger.give_back((device.driver, device.pool), device.consumes)
+        if self.sel.multi[pos]:
+            self.taking[pos].pop()
+        else:
+            self.allocating[pos].discard(ci)
         self.results[ci].pop()
 
 

@@ -265,7 +265,7 @@ def allocated_ids(objects: Iterable[Any]) -> set[DeviceId]:
                 raise SliceError(
                     f"allocated entry #{i}, result #{j}: needs driver, pool and device strings"
                 )
-            if not res.get("adminAccess"):
+            if not res.get("adminAccess") and not res.get("shareID"):
                 used.add((res["driver"], res["pool"], res["device"]))
     return used
 

@@ -1,5 +1,6 @@
 """Which devices a request may take: class and request selectors, taints, other claims' use,
-and shared counters that allocated devices used up (a GPU set holding this GPU, say).
+shared counters that allocated devices used up (a GPU set holding this GPU, say), and the
+capacity other claims' shares left on a multi-allocatable device.
 
 Why it exists: the exact search, the scheduler emulation and the explanations must agree on
 every (request, device) verdict, including *why* a device is out. Selector results are cached
@@ -13,7 +14,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dra_driver.allocation import cel, claim, pools
+from dra_driver.allocation import capacity, cel, claim, pools
 from dra_driver.apimachinery import taints
 
 
@@ -47,12 +48,17 @@ class Selection:
         classes: Mapping[str, claim.DeviceClass],
         in_use: set[pools.DeviceId],
         blocked: Iterable[int] = (),
+        consumed: capacity.Ledger | None = None,
     ) -> None:
-        """``blocked``: positions whose shared counters the allocated devices used up."""
+        """``blocked``: positions whose shared counters the allocated devices used up;
+        ``consumed``: what allocated shares take of multi-allocatable devices."""
         self.devices = list(devices)
         self.classes = classes
         self.in_use = [d.id in in_use for d in self.devices]
         self.blocked = set(blocked)
+        self.consumed = consumed if consumed is not None else capacity.Ledger()
+        self.multi = [capacity.multi_allocatable(d) for d in self.devices]
+        self._fits: dict[tuple[str, int], capacity.Fit] = {}
         self._cache: dict[tuple[str, int], Failure | None] = {}
         self._prepared: dict[int, cel.CelDevice | cel.CelEvalError] = {}
         self._compiled: dict[str, cel.CompiledSelector] = {}
@@ -133,12 +139,22 @@ class Selection:
         """The first NoSchedule/NoExecute taint of the device ``req`` does not tolerate."""
         return taints.first_untolerated(self.devices[pos].data.get("taints") or (), req.tolerations)
 
+    def capacity_fit(self, req: claim.Request, pos: int) -> capacity.Fit:
+        """Whether what allocated shares left of device ``pos`` covers ``req``'s capacity
+        requests (checked on every device, as the scheduler does)."""
+        key = (req.name, pos)
+        if key not in self._fits:
+            dev = self.devices[pos]
+            self._fits[key] = capacity.fit(dev, req.capacity, self.consumed.of(dev.id))
+        return self._fits[key]
+
     def usable(self, req: claim.Request, pos: int) -> bool:
-        """Free (or admin access), counters left, untainted, and matching its selectors."""
+        """Free (or admin access), counters left, untainted, matching its selectors, and with
+        enough capacity left."""
         if self.in_use[pos] and not req.admin_access:
             return False
         if pos in self.blocked:
             return False
         if self.taint_blocks(req, pos) is not None:
             return False
-        return self.matches(req, pos)
+        return self.matches(req, pos) and self.capacity_fit(req, pos).ok

@@ -10,6 +10,7 @@ the file and document at fault.
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,10 @@ from typing import Any
 import yaml
 
 from dra_driver import deviceclasses
-from dra_driver.allocation import allocator, claim, claimgen, physical, pools
+from dra_driver.allocation import allocator, capacity, claim, claimgen, physical, pools
 from dra_driver.devices import migprofiles, model
 from dra_driver.slices import build as slices_build
+from dra_driver.slices import shares
 
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 IGNORED_KINDS = ("Pod", "Deployment", "Job", "Namespace")
@@ -39,6 +41,7 @@ class Inputs:
     node_name: str
     allocated: set[pools.DeviceId]
     node_devices: model.NodeDevices | None = None
+    consumed: capacity.Ledger = dataclasses.field(default_factory=capacity.Ledger)
 
 
 def parse_documents(text: str, *, source: str) -> list[dict[str, Any]]:
@@ -117,11 +120,16 @@ def fake_slices(
     node_name: str,
     driver_name: str,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
+    shareable: shares.Shareable = shares.NONE,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices the driver would publish for these devices."""
     try:
         built = slices_build.build(
-            devices, node_name=node_name, driver_name=driver_name, dynamic_mig=dynamic_mig
+            devices,
+            node_name=node_name,
+            driver_name=driver_name,
+            dynamic_mig=dynamic_mig,
+            shareable=shareable,
         )
     except slices_build.BuildError as err:
         raise SimulateError(str(err)) from err
@@ -146,6 +154,14 @@ def allocated_from(docs: Iterable[Any], *, source: str) -> set[pools.DeviceId]:
         raise SimulateError(f"{source}: {err}") from err
 
 
+def consumed_from(docs: Iterable[Any], *, source: str) -> capacity.Ledger:
+    """What shares in ResourceClaims (with status) or bare results consume of shared devices."""
+    try:
+        return capacity.Ledger.from_allocated(docs)
+    except capacity.CapacityError as err:
+        raise SimulateError(f"{source}: {err}") from err
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Insight:
     """What ``--explain`` adds to an allocation: the optimum and, if better, another claim."""
@@ -156,34 +172,45 @@ class Insight:
     better: allocator.Outcome | None = None  # what that claim gets on this node
 
 
-def run(inputs: Inputs) -> list[allocator.Outcome]:
-    """Allocate the claims one after another; each sees the devices the previous ones took."""
-    return [outcome for outcome, _ in _each(inputs, explain=False)]
+def run(inputs: Inputs, *, share_rng: random.Random | None = None) -> list[allocator.Outcome]:
+    """Allocate the claims one after another; each sees the devices (and the capacity of
+    shared devices) the previous ones took."""
+    return [outcome for outcome, _ in _each(inputs, explain=False, share_rng=share_rng)]
 
 
-def run_explained(inputs: Inputs) -> list[tuple[allocator.Outcome, Insight | None]]:
+def run_explained(
+    inputs: Inputs, *, share_rng: random.Random | None = None
+) -> list[tuple[allocator.Outcome, Insight | None]]:
     """:func:`run`, with the optimum (and a better claim) for every allocated claim."""
-    return list(_each(inputs, explain=True))
+    return list(_each(inputs, explain=True, share_rng=share_rng))
 
 
-def _each(inputs: Inputs, *, explain: bool) -> Iterable[tuple[allocator.Outcome, Insight | None]]:
+def _each(
+    inputs: Inputs, *, explain: bool, share_rng: random.Random | None
+) -> Iterable[tuple[allocator.Outcome, Insight | None]]:
     used = set(inputs.allocated)
+    consumed = inputs.consumed.copy()
     for obj in inputs.claims:
         where: dict[str, Any] = {
             "slices": inputs.slices,
             "classes": inputs.classes,
             "node_name": inputs.node_name,
             "node_devices": inputs.node_devices,
+            "consumed": consumed,
+            "share_rng": share_rng,
         }
         try:
             ctx = allocator.prepare(obj, allocated=used, **where)
             outcome = allocator.schedule(ctx)
             insight = _insight(ctx, outcome, used, where) if explain else None
-        except (claim.ClaimError, pools.SliceError) as err:
+        except (claim.ClaimError, pools.SliceError, capacity.CapacityError) as err:
             raise SimulateError(str(err)) from err
         yield outcome, insight
         if outcome.allocation is not None:
             used |= pools.allocated_ids([outcome.allocation["devices"]])
+            taken = capacity.Ledger.from_allocated([outcome.allocation["devices"]])
+            for device, amounts in taken.used.items():
+                consumed.add(device, amounts)
 
 
 def _insight(

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from dra_driver.devices import backend, fake, migprofiles, profiles
+from dra_driver.slices import shares
 
 
 class UsageError(Exception):
@@ -32,6 +33,28 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
         default=env_default("FAKE_PROFILE_FILE"),
         help="use a fake GPU profile from a YAML file (docs/profiles.md); env FAKE_PROFILE_FILE",
     )
+
+
+def add_shareable_flag(parser: argparse.ArgumentParser) -> None:
+    """``--shareable none|all|<product regex>`` (env SHAREABLE): GPUs shared by consumable
+    capacity (docs/sharing.md)."""
+    from dra_driver.cli import env_default
+
+    parser.add_argument(
+        "--shareable",
+        metavar="none|all|REGEX",
+        default=env_default("SHAREABLE", "none"),
+        help="publish these GPUs as shareable (memory and compute shares enforced with MPS): "
+        "none, all, or a regular expression searched in the product name, e.g. H100 "
+        "(env SHAREABLE; default none)",
+    )
+
+
+def shareable_from(args: argparse.Namespace) -> shares.Shareable:
+    try:
+        return shares.Shareable.parse(args.shareable)
+    except shares.ShareableError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def add_dynamic_mig_flag(parser: argparse.ArgumentParser) -> None:

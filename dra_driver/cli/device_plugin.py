@@ -76,7 +76,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--replicas",
         type=int,
         default=env_default("GPU_REPLICAS", "1"),
-        help="time-slicing replicas per GPU; IDs become <uuid>::<n> (env GPU_REPLICAS)",
+        help="replicas per GPU, shared by --sharing-strategy; IDs become <uuid>::<n> "
+        "(env GPU_REPLICAS)",
+    )
+    parser.add_argument(
+        "--sharing-strategy",
+        default=env_default("SHARING_STRATEGY", "time-slicing"),
+        help="how the --replicas of a GPU share it: time-slicing (no limits) or mps (one MPS "
+        "daemon per GPU, each replica 1/N of its memory and SMs; env SHARING_STRATEGY)",
+    )
+    parser.add_argument(
+        "--mps-dir",
+        type=Path,
+        default=env_default("MPS_DIR", "/run/dra-driver/mps"),
+        help="host directory for the MPS daemons' pipe, log and shm directories (env MPS_DIR)",
+    )
+    parser.add_argument(
+        "--driver-root",
+        type=Path,
+        default=env_default("DRIVER_ROOT", "/"),
+        help="where the NVIDIA driver's files are (nvidia-cuda-mps-control for MPS replicas; "
+        "env DRIVER_ROOT)",
     )
     parser.add_argument(
         "--mig-strategy",
@@ -93,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> app.Config:
     """Settings from flags; raises UsageError naming the bad flag and the allowed values."""
     strategy = _choice(allocate.Strategy, args.device_list_strategy, "--device-list-strategy")
     mig = _choice(inventory.MigStrategy, args.mig_strategy, "--mig-strategy")
+    sharing = _choice(app.SharingStrategy, args.sharing_strategy, "--sharing-strategy")
     return app.Config(
         resource_name=args.resource_name,
         plugin_dir=Path(args.device_plugin_dir),
@@ -102,6 +123,9 @@ def config_from_args(args: argparse.Namespace) -> app.Config:
         replicas=args.replicas,
         mig_strategy=mig,
         fake_node=cdi.FAKE_NODE if (args.fake or args.fake_file) else None,
+        sharing=sharing,
+        mps_dir=Path(args.mps_dir),
+        driver_root=Path(args.driver_root),
     )
 
 

@@ -111,8 +111,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="where this process sees the host's root for /dev/nvidia* checks, e.g. /host "
         "(env DEV_ROOT; default /)",
     )
+    parser.add_argument(
+        "--mps-check-interval",
+        type=float,
+        default=float(env_default("MPS_CHECK_INTERVAL", "10") or 10),
+        help="seconds between checks of the MPS control daemons of shared GPUs: dead ones are "
+        "restarted, unused ones stopped (env MPS_CHECK_INTERVAL; 0 = never)",
+    )
     common.add_dynamic_mig_flag(parser)
     common.add_backend_flags(parser)
+    common.add_shareable_flag(parser)
     health_server.add_flags(parser)
     healthflags.add_flags(parser)
     labelflags.add_flags(parser)
@@ -148,6 +156,8 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         health=healthflags.policy_from(args),
         node_labels=args.node_labels,
         node_labels_resync_s=args.node_labels_resync,
+        shareable=common.shareable_from(args),
+        mps_check_interval_s=args.mps_check_interval,
     )
 
 

@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("publish", help=cli.SUMMARIES["publish"])
     slices_cli.add_identity_flags(parser)
     common.add_backend_flags(parser)
+    common.add_shareable_flag(parser)
     parser.add_argument(
         "--kubeconfig",
         type=Path,
@@ -90,7 +91,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _desired(source: backend.Backend, args: argparse.Namespace) -> list[build.Obj]:
-    result = build.build(source.discover(), node_name=args.node_name, driver_name=args.driver_name)
+    result = build.build(
+        source.discover(),
+        node_name=args.node_name,
+        driver_name=args.driver_name,
+        shareable=common.shareable_from(args),
+    )
     log = logs.get("publish")
     for problem in result.problems:
         log.warning("device left out", problem=problem)

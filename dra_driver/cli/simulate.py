@@ -19,7 +19,7 @@ import socket
 from pathlib import Path
 
 from dra_driver import cli
-from dra_driver.allocation import simulator
+from dra_driver.allocation import capacity, simulator
 from dra_driver.cli import common
 from dra_driver.devices import backend, model, profiles
 from dra_driver.slices import build as slices_build
@@ -76,6 +76,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "whose devices are in use (repeatable)",
     )
     parser.add_argument(
+        "--shareable",
+        metavar="none|all|REGEX",
+        default="none",
+        help="with a profile: publish these GPUs as shareable, as the node agent's --shareable "
+        "does (default none)",
+    )
+    parser.add_argument(
         "--explain",
         action="store_true",
         help="also print the optimum, the gap to it and, for a claim that is not "
@@ -120,8 +127,12 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
         simulator.builtin_classes(driver_name=args.driver_name), user_classes
     )
     allocated: set[tuple[str, str, str]] = set()
+    consumed = capacity.Ledger()
     for path in args.allocated:
-        allocated |= simulator.allocated_from(simulator.load_file(path), source=str(path))
+        docs = simulator.load_file(path)
+        allocated |= simulator.allocated_from(docs, source=str(path))
+        for device, used in simulator.consumed_from(docs, source=str(path)).used.items():
+            consumed.add(device, used)
 
     node_devices = None
     slices = list(main["slices"])
@@ -136,11 +147,16 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
         default = "fake-node" if args.fake or args.fake_file else socket.gethostname()
         node_name = node_name or default
         try:
+            shareable = common.shareable_from(args)
             dynamic = common.dynamic_mig(args)
         except common.UsageError as err:
             raise simulator.SimulateError(str(err)) from err
         slices = simulator.fake_slices(
-            node_devices, node_name=node_name, driver_name=args.driver_name, dynamic_mig=dynamic
+            node_devices,
+            node_name=node_name,
+            driver_name=args.driver_name,
+            dynamic_mig=dynamic,
+            shareable=shareable,
         )
     elif node_name is None:
         node_name = simulator.slice_node(slices)
@@ -156,6 +172,7 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
         node_name=node_name,
         allocated=allocated,
         node_devices=node_devices,
+        consumed=consumed,
     )
 
 

@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("slices", help=cli.SUMMARIES["slices"])
     add_identity_flags(parser)
     common.add_backend_flags(parser)
+    common.add_shareable_flag(parser)
     parser.add_argument(
         "--node-uid",
         default=None,
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             driver_name=args.driver_name,
             node_uid=args.node_uid,
             dynamic_mig=dynamic,
+            shareable=common.shareable_from(args),
         )
     except (common.UsageError, backend.DiscoveryError, build.BuildError) as exc:
         return common.fail(str(exc))

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from dra_driver.demo import health, mig, topology, walkthrough
+from dra_driver.demo import health, mig, sharing, topology, walkthrough
 from dra_driver.demo import report as reporting
 from dra_driver.devices import fake
 
@@ -43,6 +43,7 @@ SCENES: tuple[Scene, ...] = (
     Scene("health", health.scene, own_profile=True),
     Scene("topology", topology.scene, own_profile=True),
     Scene("mig", mig.scene, own_profile=True),
+    Scene("sharing", sharing.scene, own_profile=True),
 )
 
 

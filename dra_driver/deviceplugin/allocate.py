@@ -6,7 +6,8 @@ without gRPC. Replicas of one GPU collapse to that GPU. Every container gets
 ``NVIDIA_VISIBLE_DEVICES`` with the UUIDs; ``--device-list-strategy cdi`` adds the CDI device
 names, ``envvar`` adds the device nodes as device specs (backed by ``/dev/null`` when fake),
 including a MIG device's capability nodes. A unit with a ``problem`` is refused like an
-unhealthy one.
+unhealthy one. MPS replicas add their daemon's pipe directory and limits
+(:mod:`dra_driver.deviceplugin.mps`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import enum
 from collections.abc import Sequence
 
 from dra_driver.deviceplugin import cdi, inventory
+from dra_driver.deviceplugin import mps as mps_replicas
 from dra_driver.devices import health
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -47,6 +49,7 @@ class ContainerEdits:
     device_nodes: tuple[DeviceNode, ...]
     cdi_devices: tuple[str, ...]
     units: tuple[inventory.Unit, ...]
+    mounts: tuple[mps_replicas.Mount, ...] = ()
 
 
 def container_edits(
@@ -57,8 +60,10 @@ def container_edits(
     cdi_kind: str,
     snapshot: health.Snapshot,
     fake_node: str | None,
+    mps: mps_replicas.MpsReplicas | None = None,
 ) -> ContainerEdits:
-    """Edits for one container request; raises RequestError naming every bad ID."""
+    """Edits for one container request; raises RequestError naming every bad ID. With ``mps``
+    (MPS replicas) the container also gets its daemon's pipe directory and its limits."""
     if not ids:
         raise inventory.RequestError("devices_ids is empty")
     devices = resource.lookup(ids, field="devices_ids")
@@ -81,4 +86,11 @@ def container_edits(
             DeviceNode(container_path=p, host_path=cdi.host_path(p, fake_node))
             for p in dict.fromkeys(paths)
         )
-    return ContainerEdits(envs=envs, device_nodes=nodes, cdi_devices=names, units=units)
+    mounts: tuple[mps_replicas.Mount, ...] = ()
+    if mps is not None:
+        shared = mps.edits(devices)
+        envs.update(shared.envs)
+        mounts = shared.mounts
+    return ContainerEdits(
+        envs=envs, device_nodes=nodes, cdi_devices=names, units=units, mounts=mounts
+    )

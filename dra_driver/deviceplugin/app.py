@@ -10,15 +10,25 @@ test kubelet.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 
 from dra_driver import health_server, logs
 from dra_driver.deviceplugin import allocate, cdi, inventory, registrar, service
-from dra_driver.devices import health, model, topology
+from dra_driver.deviceplugin import mps as mps_replicas
+from dra_driver.devices import control, health, model, nvml, topology
+from dra_driver.driver import checkpoint, driverfiles, mps, mpsprocess
 
 _log = logs.get("deviceplugin.app")
+
+
+class SharingStrategy(enum.StrEnum):
+    """How the replicas of one GPU share it (with ``--replicas`` above 1)."""
+
+    TIME_SLICING = "time-slicing"  # no limits: CUDA time-slicing between the containers
+    MPS = "mps"  # one MPS daemon per GPU; each replica 1/N of memory and SMs
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,6 +45,10 @@ class Config:
     fake_node: str | None = None  # with a fake backend: the host node backing /dev/nvidia*
     poll_interval_s: float = 0.5
     stream_poll_s: float = 1.0
+    sharing: SharingStrategy = SharingStrategy.TIME_SLICING
+    mps_dir: Path = Path("/run/dra-driver/mps")  # daemons' pipe, log and shm dirs; records
+    mps_check_interval_s: float = 10.0  # how often dead MPS daemons are restarted
+    driver_root: Path = Path("/")  # where nvidia-cuda-mps-control is found (real GPUs)
 
 
 class DevicePluginApp:
@@ -48,8 +62,10 @@ class DevicePluginApp:
         health_source: health.HealthSource,
         mig_minors: Mapping[str, int] | None,
         readiness: health_server.Readiness | None = None,
+        gpu_control: control.GpuControl | None = None,
     ) -> None:
-        """``mig_minors``: the host's MIG capability minors, ``None`` with a fake backend."""
+        """``mig_minors``: the host's MIG capability minors, ``None`` with a fake backend;
+        ``gpu_control`` (MPS replicas switch compute modes): default by ``config.fake_node``."""
         self.config = config
         self.readiness = readiness or health_server.Readiness(
             conditions=health_server.DEVICE_PLUGIN_CONDITIONS
@@ -72,6 +88,16 @@ class DevicePluginApp:
             units=units,
             fake_node=config.fake_node,
         )
+        self.daemons = _daemons(config, devices, gpu_control)
+        self.mps = (
+            mps_replicas.MpsReplicas(daemons=self.daemons, units=units, replicas=config.replicas)
+            if config.sharing is SharingStrategy.MPS
+            else None
+        )
+        # Restarts a daemon that died (every few seconds while MPS replicas are served).
+        self._supervisor = mpsprocess.Supervisor(
+            check=self.daemons.supervise, interval_s=config.mps_check_interval_s, log=_log
+        )
         topo = topology.build(devices)
         self._fatal: registrar.RegistrationError | None = None
         self._done = threading.Event()
@@ -86,6 +112,7 @@ class DevicePluginApp:
                 spec=self.spec,
                 fake_node=config.fake_node,
                 stream_poll_s=config.stream_poll_s,
+                mps=self.mps,
             )
             self.endpoints[res.name] = registrar.Endpoint(
                 service=svc,
@@ -96,9 +123,15 @@ class DevicePluginApp:
             )
 
     def start(self) -> None:
-        """Write the CDI spec, then serve and register every resource."""
+        """Write the CDI spec, start (or adopt) the MPS daemons of MPS replicas (stopping any
+        left from an earlier MPS configuration otherwise), then serve and register."""
         if self.config.strategy is allocate.Strategy.CDI:
             self.spec.ensure()
+        problems = self.mps.start() if self.mps is not None else self.daemons.recover({})
+        for problem in problems:
+            _log.error("MPS daemon problem", problem=problem)
+        if self.mps is not None:
+            self._supervisor.start()
         for name, endpoint in self.endpoints.items():
             try:
                 endpoint.start()
@@ -114,7 +147,9 @@ class DevicePluginApp:
             )
 
     def stop(self) -> None:
-        """Stop every endpoint and remove our sockets; the static CDI spec stays."""
+        """Stop every endpoint and remove our sockets; the static CDI spec and the MPS daemons
+        stay (containers still use them; the next start adopts them)."""
+        self._supervisor.stop()
         for endpoint in self.endpoints.values():
             endpoint.stop()
         self._done.set()
@@ -140,3 +175,33 @@ class DevicePluginApp:
             everything = self._registered >= set(self.endpoints)
         if everything:
             self.readiness.set("registered")
+
+
+def _daemons(
+    config: Config, devices: model.NodeDevices, gpu_control: control.GpuControl | None
+) -> mps.MpsDaemons:
+    """The MPS daemons under ``config.mps_dir``: the stand-in and a recording GPU control with a
+    fake backend, else the driver root's nvidia-cuda-mps-control and NVML."""
+    log = logs.get("deviceplugin.mps")
+    fake = config.fake_node is not None
+    files = driverfiles.discover(config.driver_root) if config.sharing == "mps" and not fake else ()
+    command, env = mpsprocess.program(
+        fake=fake, files=files, driver_root_is_slash=config.driver_root == Path("/")
+    )
+    if fake:
+        gpu_control = gpu_control or control.FakeGpuControl.for_devices(
+            devices, state_file=config.mps_dir / "fake-gpu-control.json"
+        )
+    else:
+        gpu_control = gpu_control or control.HostGpuControl(
+            nvml_api=nvml.real_module(), nvidia_smi=None
+        )
+    return mps.MpsDaemons(
+        root=config.mps_dir,
+        command=command,
+        env=env,
+        gpu_control=gpu_control,
+        boot_id=checkpoint.read_boot_id(),
+        log=log,
+        isolate_shm=config.fake_node is None,
+    )

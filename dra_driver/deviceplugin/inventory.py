@@ -56,6 +56,7 @@ class Unit:
     # Health keys whose failure makes this unit unhealthy: its own UUID, plus the parent's.
     health_keys: tuple[str, ...] = ()
     problem: str = ""  # non-empty: the unit cannot be given to a container (why)
+    memory_bytes: int = 0  # for MPS replicas' memory limits
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -171,6 +172,7 @@ def _whole(gpu: model.Gpu, nodes: preparable.Inventory) -> Unit:
         device_nodes=prepared.device_nodes,
         health_keys=(gpu.uuid,),
         problem=prepared.problem,
+        memory_bytes=gpu.memory_bytes,
     )
 
 
@@ -185,6 +187,7 @@ def _mig(gpu: model.Gpu, mig: model.MigDevice, nodes: preparable.Inventory) -> U
         mig=mig,
         health_keys=(mig.uuid, gpu.uuid),
         problem=prepared.problem and f"MIG device {mig.uuid}: {prepared.problem}",
+        memory_bytes=mig.memory_bytes,
     )
 
 

@@ -16,6 +16,7 @@ import grpc
 
 from dra_driver import logs
 from dra_driver.deviceplugin import allocate, cdi, inventory, preferred
+from dra_driver.deviceplugin import mps as mps_replicas
 from dra_driver.devices import health, topology
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
@@ -39,8 +40,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         spec: cdi.StaticSpec | None,
         fake_node: str | None,
         stream_poll_s: float = 1.0,
+        mps: mps_replicas.MpsReplicas | None = None,
     ) -> None:
         self.resource = resource
+        self._mps = mps
         self._topo = topo
         self._health = health_source
         self._strategy = strategy
@@ -132,6 +135,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                     cdi_kind=self._cdi_kind,
                     snapshot=snap,
                     fake_node=self._fake_node,
+                    mps=self._mps,
                 )
             except allocate.UnhealthyDeviceError as exc:
                 self._reject(context, "Allocate", i, exc, grpc.StatusCode.FAILED_PRECONDITION)
@@ -153,6 +157,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 )
             for name in edits.cdi_devices:
                 resp.cdi_devices.add(name=name)
+            for mount in edits.mounts:
+                resp.mounts.add(container_path=mount.container_path, host_path=mount.host_path)
             self._log.info(
                 "allocated",
                 container=i,

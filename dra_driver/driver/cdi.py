@@ -76,6 +76,8 @@ class Planned:
     device: inventory.PreparableDevice
     request: str  # main request name
     config: config.GpuConfig
+    # More container edits for this device (``env`` entries, ``mounts``), e.g. its MPS daemon's.
+    edits: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class CdiSpecs:
@@ -153,7 +155,14 @@ class CdiSpecs:
             }
             if item.config.env:
                 edits["env"] = [f"{k}={v}" for k, v in sorted(item.config.env.items())]
-            devices.append({"name": self.device_name(ref.uid, dev.name), "containerEdits": edits})
+            if item.edits.get("env"):
+                edits["env"] = [*edits.get("env", ()), *item.edits["env"]]
+            if item.edits.get("mounts"):
+                edits["mounts"] = [dict(m) for m in item.edits["mounts"]]
+            entry = {"name": self.device_name(ref.uid, dev.name), "containerEdits": edits}
+            if entry in devices:  # two shares of one device in the claim: one CDI device
+                continue
+            devices.append(entry)
         common: dict[str, Any] = {
             "env": [
                 f"NVIDIA_VISIBLE_DEVICES={_visible_devices(planned)}",
@@ -203,7 +212,7 @@ def _visible_devices(planned: Sequence[Planned]) -> str:
     """UUIDs when every device serves the same request (so every container gets all of them);
     ``void`` otherwise, which also stops legacy NVIDIA hooks from adding GPUs on their own."""
     if len({p.request for p in planned}) == 1:
-        return ",".join(p.device.uuid for p in planned)
+        return ",".join(dict.fromkeys(p.device.uuid for p in planned))
     return "void"
 
 

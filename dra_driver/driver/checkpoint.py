@@ -105,6 +105,8 @@ class DeviceRecord(pydantic.BaseModel):
     shareId: str | None = None
     adminAccess: bool = False
     config: dict[str, Any] = pydantic.Field(default_factory=dict)
+    consumedCapacity: dict[str, str] = pydantic.Field(default_factory=dict)  # of a share
+    mpsDaemon: str | None = None  # the MPS control daemon the device runs through
     mig: MigRecord | None = None  # dynamic MIG devices only
 
     def prepared(self) -> results.PreparedDevice:

@@ -71,6 +71,8 @@ class AllocatedDevice:
     admin_access: bool
     share_id: str | None
     configs: tuple[OpaqueConfig, ...]
+    # What a share of a multi-allocatable device consumes (``consumedCapacity``): name → quantity.
+    consumed_capacity: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # The request's tolerations, as the scheduler copied them into the result.
     tolerations: tuple[Mapping[str, Any], ...] = ()
 
@@ -143,6 +145,11 @@ def allocated_devices(
         share_id = result.get("shareID")
         if share_id is not None and not isinstance(share_id, str):
             raise ClaimError(f"{ref}: {where}.shareID is not a string")
+        consumed = result.get("consumedCapacity") or {}
+        if not isinstance(consumed, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str | int) for k, v in consumed.items()
+        ):
+            raise ClaimError(f"{ref}: {where}.consumedCapacity is not a map of quantities")
         tolerations = result.get("tolerations") or []
         if not isinstance(tolerations, list) or not all(
             isinstance(t, Mapping) for t in tolerations
@@ -156,6 +163,7 @@ def allocated_devices(
                 admin_access=admin,
                 share_id=share_id or None,
                 configs=tuple(c for c in configs if c.applies_to(request)),
+                consumed_capacity={k: str(v) for k, v in consumed.items()},
                 tolerations=tuple(tolerations),
             )
         )

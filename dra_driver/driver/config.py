@@ -10,31 +10,39 @@ The format, kept deliberately small::
     apiVersion: gpu.nvidia.com/v1
     kind: GpuConfig
     sharing:                      # optional
-      strategy: Exclusive | TimeSlicing
+      strategy: Exclusive | TimeSlicing | MPS
       timeSlicing:                # only with strategy TimeSlicing
         interval: Default | Short | Medium | Long
+      mps:                        # only with strategy MPS
+        activeThreadPercentage: 50          # optional, 0..100
+        pinnedDeviceMemoryLimit: 10Gi       # optional, every device of the claim
+        perDevicePinnedMemoryLimits:        # optional, by device UUID or index
+          "0": 4Gi
     env:                          # optional, extra environment for the containers
       NAME: value
+
+NVIDIA's ``resource.nvidia.com/v1beta1`` ``GpuConfig`` / ``MigDeviceConfig`` are accepted too
+(:mod:`dra_driver.driver.nvidia_config` decodes them into the same ``sharing``).
 
 Several configs can apply to one device (class configs first, then claim configs); they are
 merged in that order: a later ``sharing`` replaces an earlier one, ``env`` entries are merged
 with later values winning.
 
 This module only decodes and merges. The merged ``sharing`` is applied to the GPU at prepare by
-:mod:`dra_driver.driver.sharing` (and restored at unprepare), ``env`` goes into the claim's CDI
-spec (:mod:`dra_driver.driver.cdi`); the user-facing description is ``docs/config.md``.
+:mod:`dra_driver.driver.sharing` (time-slicing) and :mod:`dra_driver.driver.mps` (MPS), and
+restored at unprepare; ``env`` goes into the claim's CDI spec (:mod:`dra_driver.driver.cdi`); the
+user-facing description is ``docs/config.md``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from typing import Final, Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, Literal, TypeVar
 
 import pydantic
-import pydantic_core
 
-from dra_driver.driver import claims
+from dra_driver.driver import claims, nvidia_config
 
 API_VERSION: Final = "gpu.nvidia.com/v1"
 KIND: Final = "GpuConfig"
@@ -51,15 +59,53 @@ class TimeSlicing(pydantic.BaseModel):
     interval: Literal["Default", "Short", "Medium", "Long"] = "Default"
 
 
+def memory_limit(text: str) -> int:
+    """A pinned-memory limit in bytes: a quantity of at least 1Mi (MPS takes whole MiB)."""
+    return nvidia_config.memory_limit(text)
+
+
+class Mps(pydantic.BaseModel):
+    """Limits for the processes of a claim that uses a GPU through MPS."""
+
+    model_config = _STRICT
+    active_thread_percentage: int | None = pydantic.Field(
+        default=None, alias="activeThreadPercentage", ge=0, le=100, strict=True
+    )
+    pinned_device_memory_limit: str | None = pydantic.Field(
+        default=None, alias="pinnedDeviceMemoryLimit"
+    )
+    per_device_pinned_memory_limits: dict[str, str] | None = pydantic.Field(
+        default=None, alias="perDevicePinnedMemoryLimits"
+    )
+
+    @pydantic.field_validator("pinned_device_memory_limit")
+    @classmethod
+    def _limit(cls, text: str | None) -> str | None:
+        if text is not None:
+            memory_limit(text)
+        return text
+
+    @pydantic.field_validator("per_device_pinned_memory_limits")
+    @classmethod
+    def _limits(cls, limits: dict[str, str] | None) -> dict[str, str] | None:
+        for key, text in (limits or {}).items():
+            nvidia_config.device_key(key)
+            memory_limit(text)
+        return limits
+
+
 class Sharing(pydantic.BaseModel):
     model_config = _STRICT
-    strategy: Literal["Exclusive", "TimeSlicing"]
+    strategy: Literal["Exclusive", "TimeSlicing", "MPS"]
     time_slicing: TimeSlicing | None = pydantic.Field(default=None, alias="timeSlicing")
+    mps: Mps | None = None
 
     @pydantic.model_validator(mode="after")
-    def _slicing_only_when_time_slicing(self) -> Sharing:
+    def _settings_match_strategy(self) -> Sharing:
         if self.time_slicing is not None and self.strategy != "TimeSlicing":
             raise ValueError("timeSlicing may only be set with strategy TimeSlicing")
+        if self.mps is not None and self.strategy != "MPS":
+            raise ValueError("mps may only be set with strategy MPS")
         return self
 
 
@@ -86,29 +132,65 @@ class GpuConfig(pydantic.BaseModel):
 
 
 DEFAULT = GpuConfig(apiVersion=API_VERSION, kind=KIND)
+_BASE: Final = {"apiVersion": API_VERSION, "kind": KIND}
+
+
+def decode_for(entry: claims.OpaqueConfig, *, ref: claims.ClaimRef) -> tuple[str | None, GpuConfig]:
+    """Decode one entry of either API: (the device kind it is written for, None = any; config)."""
+    where = f"{ref}: opaque {entry.describe()}"
+    params = entry.parameters
+    if params.get("apiVersion") == nvidia_config.API_VERSION:
+        try:
+            kind, sharing = nvidia_config.decode(params)
+        except nvidia_config.NvidiaConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        return kind, validate(GpuConfig, {**_BASE, "sharing": sharing}, where)
+    if params.get("apiVersion") != API_VERSION or params.get("kind") != KIND:
+        raise ConfigError(
+            f"{where}: unsupported apiVersion/kind {params.get('apiVersion')!r}/"
+            f"{params.get('kind')!r} (this driver understands {API_VERSION} {KIND}, and "
+            f"{nvidia_config.API_VERSION} {' and '.join(nvidia_config.KINDS)})"
+        )
+    return None, validate(GpuConfig, params, where)
 
 
 def decode(entry: claims.OpaqueConfig, *, ref: claims.ClaimRef) -> GpuConfig:
     """Decode one opaque config entry; :class:`ConfigError` names the claim, entry and field."""
-    where = f"{ref}: opaque {entry.describe()}"
-    params = entry.parameters
-    if params.get("apiVersion") != API_VERSION or params.get("kind") != KIND:
-        raise ConfigError(
-            f"{where}: unsupported apiVersion/kind {params.get('apiVersion')!r}/"
-            f"{params.get('kind')!r} (this driver understands {API_VERSION} {KIND})"
-        )
+    return decode_for(entry, ref=ref)[1]
+
+
+ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+
+
+def validate(model: type[ModelT], params: Mapping[str, Any], where: str) -> ModelT:
+    """Strict decoding of ``params`` as ``model``; :class:`ConfigError` naming every field."""
     try:
-        return GpuConfig.model_validate(dict(params))
+        return model.model_validate(dict(params))
     except pydantic.ValidationError as exc:
-        problems = "; ".join(_describe(err) for err in exc.errors())
+        problems = "; ".join(nvidia_config.describe(err) for err in exc.errors())
         raise ConfigError(f"{where}: {problems}") from None
 
 
-def effective(entries: Iterable[claims.OpaqueConfig], *, ref: claims.ClaimRef) -> GpuConfig:
-    """Decode and merge, in order, every config applying to one device."""
+def effective(
+    entries: Iterable[claims.OpaqueConfig], *, ref: claims.ClaimRef, kind: str = "gpu"
+) -> GpuConfig:
+    """Decode and merge, in order, every config applying to one device of ``kind``.
+
+    An entry written for the other kind of device (NVIDIA's ``GpuConfig`` for a full GPU,
+    ``MigDeviceConfig`` for a MIG device) is skipped when it applies to the whole claim and is an
+    error when it names the device's request, as in NVIDIA's driver.
+    """
     merged = DEFAULT
     for entry in entries:
-        cfg = decode(entry, ref=ref)
+        wanted_kind, cfg = decode_for(entry, ref=ref)
+        if wanted_kind is not None and wanted_kind != kind:
+            if not entry.requests:
+                continue
+            raise ConfigError(
+                f"{ref}: opaque {entry.describe()}: {entry.parameters.get('kind')} is for "
+                f"{_KIND_WORDS[wanted_kind]} and cannot be applied to request(s) "
+                f"{', '.join(entry.requests)}, which got {_KIND_WORDS[kind]}"
+            )
         merged = GpuConfig(
             apiVersion=API_VERSION,
             kind=KIND,
@@ -118,10 +200,4 @@ def effective(entries: Iterable[claims.OpaqueConfig], *, ref: claims.ClaimRef) -
     return merged
 
 
-def _describe(err: pydantic_core.ErrorDetails) -> str:
-    field = ".".join(str(part) for part in err["loc"]) or "(top level)"
-    if err["type"] == "extra_forbidden":
-        return f"field {field}: unknown field"
-    if err["type"] == "missing":
-        return f"field {field}: required field is missing"
-    return f"field {field}: {err['msg']}"
+_KIND_WORDS = {"gpu": "full GPUs", "mig": "MIG devices"}

@@ -96,15 +96,24 @@ class Inventory:
         )
 
 
-def overlaps(devices: Sequence[tuple[str, PreparableDevice]]) -> list[str]:
+def overlaps(
+    devices: Sequence[tuple[str, PreparableDevice]], *, shares: Sequence[bool] = ()
+) -> list[str]:
     """Pairs of a claim's devices that use one physical GPU (``(result label, device)``).
 
     A whole GPU (alone or in a set) may not appear twice, nor next to a MIG device of itself;
-    MIG devices of one GPU may. Returns one message per clash, naming both devices and the GPU.
+    MIG devices of one GPU may. Shares of one device (``shares[i]``: result ``i`` has a
+    shareID) count once: the scheduler gives two requests of a claim shares of one
+    multi-allocatable device. Returns one message per clash, naming both devices and the GPU.
     """
     clashes: list[str] = []
     seen: dict[int, list[tuple[str, bool]]] = {}
-    for label, dev in devices:
+    shared: set[str] = set()
+    for i, (label, dev) in enumerate(devices):
+        if i < len(shares) and shares[i]:
+            if dev.name in shared:
+                continue
+            shared.add(dev.name)
         whole = dev.kind != "mig"
         for minor in dev.gpu_minors:
             for other, other_whole in seen.get(minor, []):

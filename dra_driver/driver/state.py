@@ -7,13 +7,14 @@ here too, as the last line of defence: a device prepared for one claim is refuse
 unless one of them has admin access or both hold shares of a multi-allocatable device.
 
 Order of effects (crash-safety argument):
-prepare:   checkpoint PrepareStarted (carries the sharing intent and the dynamic MIG instances
-           to create) → apply GPU sharing (:mod:`~dra_driver.driver.sharing`) → create MIG
-           instances (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint
-           PrepareCompleted
+prepare:   checkpoint PrepareStarted (carries the sharing intent, the MPS daemon and the dynamic
+           MIG instances to create) → apply GPU sharing (:mod:`~dra_driver.driver.sharing`) →
+           MPS daemon running (:mod:`~dra_driver.driver.mpsclaims`) → create MIG instances
+           (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint PrepareCompleted
 unprepare: restore GPU sharing defaults → destroy MIG instances → delete checkpoint record →
-           remove CDI spec
-start-up:  sharing of completed records re-applied, of PrepareStarted ones restored; MIG
+           remove CDI spec → stop the MPS daemon if no claim record uses it any more
+start-up:  sharing of completed records re-applied, of PrepareStarted ones restored; MPS
+           daemons of completed records adopted or restarted, all others stopped; MIG
            instances on dynamic GPUs that no completed record owns destroyed, a completed
            record whose MIG instance is gone unprepared (a crash cut its unprepare short);
            PrepareStarted → spec removed, record deleted (rolled back); a completed record
@@ -32,7 +33,16 @@ import structlog
 
 from dra_driver import logs
 from dra_driver.apimachinery import taints
-from dra_driver.driver import cdi, checkpoint, claims, config, inventory, results, sharing
+from dra_driver.driver import (
+    cdi,
+    checkpoint,
+    claims,
+    config,
+    inventory,
+    mpsclaims,
+    results,
+    sharing,
+)
 from dra_driver.driver import mig as mig_mod
 from dra_driver.kube import api as kube
 
@@ -131,6 +141,7 @@ class ClaimState:
         gpu_sharing: sharing.GpuSharing | None = None,
         mig_instances: mig_mod.MigInstances | None = None,
         device_taints: DeviceTaints | None = None,
+        mps: mpsclaims.MpsClaims | None = None,
     ) -> None:
         """``device_taints``: a device's taints now; a claim whose request does not tolerate
         one (NoSchedule / NoExecute) is refused, naming the taint and why it is there."""
@@ -146,6 +157,7 @@ class ClaimState:
         self.sharing = gpu_sharing or sharing.GpuSharing(gpu_control=None, log=log)
         self.mig = mig_instances or mig_mod.MigInstances(control=None, devices=devices, log=log)
         self.device_taints = device_taints
+        self.mps = mps
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -162,6 +174,8 @@ class ClaimState:
                 claims=report.other_boot,
             )
         self._recover_sharing(report.records)
+        if self.mps is not None:
+            self.mps.recover([r for r in report.records if r.state == checkpoint.PREPARE_COMPLETED])
         unprepared = self.mig.recover(report.records)
         for record in report.records:
             clog = logs.claim_logger(
@@ -226,18 +240,23 @@ class ClaimState:
                 claim, ref=ref, driver=self.driver_name, pool=self.pool_name
             )
             planned = self._plan(ref, allocated)
+            needs, planned = mpsclaims.plan_claim(self.mps, ref, allocated, planned)
             wanted = sharing.targets(ref, planned)
+            if self.mps is not None:
+                self.mps.check_time_slicing(ref, [t.uuid for t in wanted])
             migs = self.mig.intents(ref, allocated)  # dynamic MIG: specs need the new UUIDs
             spec = {} if migs else self.specs.build(ref, planned)
             self.ownership.reserve(ref, self._owned(allocated))
             try:
-                record = self._record(ref, allocated, planned, spec, migs)
+                record = self._record(ref, allocated, planned, spec, migs, needs)
                 self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
                 self.sharing.apply(ref, wanted)
+                if self.mps is not None:
+                    self.mps.acquire(ref, needs, time_sliced=set(self.sharing.applied()))
                 planned, made = self.mig.apply(ref, planned, allocated)
                 if made:
                     spec = self.specs.build(ref, planned)
-                    record = self._record(ref, allocated, planned, spec, made)
+                    record = self._record(ref, allocated, planned, spec, made, needs)
                 self.specs.write(ref.uid, spec)
                 self.store.put(record)
             except BaseException:
@@ -265,7 +284,9 @@ class ClaimState:
 
     def _forget(self, uid: str, *, strict: bool = True) -> None:
         """Drop a claim: GPU sharing restored first (a failure raises when ``strict``, keeping
-        the record so a retry or the next start-up restores it), then record, spec, ownership."""
+        the record so a retry or the next start-up restores it), then record, spec, ownership;
+        then its MPS daemons stop if no claim left on disk uses them (decided after the record
+        is gone, so of claims unprepared together the last one stops the daemon)."""
         record = self.store.get(uid)
         if record is not None:
             try:
@@ -283,6 +304,8 @@ class ClaimState:
         self.store.delete(uid)
         self.specs.remove(uid)
         self.ownership.release(uid)
+        if record is not None and self.mps is not None:
+            self.mps.release(record)
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -306,9 +329,12 @@ class ClaimState:
                     f"{ref}: device {dev.device} cannot be prepared: {known.problem}"
                 )
             self._check_taints(ref, dev)
-            cfg = config.effective(dev.configs, ref=ref)
+            cfg = config.effective(dev.configs, ref=ref, kind=known.kind)
             planned.append(cdi.Planned(device=known, request=dev.request_name, config=cfg))
-        clashes = inventory.overlaps([(p.device.name, p.device) for p in planned])
+        clashes = inventory.overlaps(
+            [(p.device.name, p.device) for p in planned],
+            shares=[d.share_id is not None for d in allocated],
+        )
         if clashes:
             raise claims.ClaimError(
                 f"{ref}: refusing a claim whose devices overlap in physical GPUs: "
@@ -336,7 +362,9 @@ class ClaimState:
         planned: Sequence[cdi.Planned],
         spec: dict[str, object],
         migs: Mapping[str, checkpoint.MigRecord],
+        needs: Sequence[mpsclaims.Need] = (),
     ) -> checkpoint.ClaimRecord:
+        daemons = {n.device.name: n.daemon for n in needs}
         return checkpoint.ClaimRecord(
             uid=ref.uid,
             namespace=ref.namespace,
@@ -352,6 +380,8 @@ class ClaimState:
                     shareId=dev.share_id,
                     adminAccess=dev.admin_access,
                     config=plan.config.to_json(),
+                    consumedCapacity=dict(dev.consumed_capacity),
+                    mpsDaemon=daemons.get(dev.device),
                     mig=migs.get(dev.device),
                 )
                 for dev, plan in zip(allocated, planned, strict=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 from dra_driver.apimachinery import semver
 from dra_driver.devices import migprofiles, model, topology
-from dra_driver.slices import gpusets, migslices, validate
+from dra_driver.slices import gpusets, migslices, shares, validate
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -59,6 +59,7 @@ def build(
     gpu_sets: bool = True,
     decorate: Callable[[list[Obj]], None] | None = None,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
+    shareable: shares.Shareable = shares.NONE,
 ) -> Build:
     """The complete desired set of ResourceSlices for ``node_name``: one pool named after it.
 
@@ -69,7 +70,10 @@ def build(
     :func:`dra_driver.slices.taints.decorator` adds the taints of unhealthy GPUs; tainted
     devices lower the per-slice limit, which the split honours). ``dynamic_mig`` says which
     MIG-capable GPUs are published for dynamic MIG (that needs partitionable devices too).
-    Raises :class:`BuildError` when the node or driver name itself breaks an API rule.
+    GPUs ``shareable`` selects (not those published for dynamic MIG) are published with
+    consumable capacity (:mod:`.shares`); they consume their GPU's counter like any full GPU,
+    which the scheduler charges once, for the first share. Raises :class:`BuildError` when the
+    node or driver name itself breaks an API rule.
     """
     empty = validate.validate(_slice(node_name, driver_name, [], 0, 1, generation, node_uid))
     if empty:
@@ -78,7 +82,7 @@ def build(
             f"{driver_name!r}: " + "; ".join(str(e) for e in empty)
         )
     problems: list[str] = []
-    entries = device_entries(devices, problems, dynamic_mig=dynamic_mig)
+    entries = device_entries(devices, problems, dynamic_mig=dynamic_mig, shareable=shareable)
     kept = _valid(entries, node_name, driver_name, generation, problems)
     checked = len(kept)  # sets are only made of GPUs whose own device is valid
     # A dynamic GPU is published whole (whatever its MIG mode): it joins the per-GPU counters
@@ -156,10 +160,12 @@ def device_entries(
     problems: list[str] | None = None,
     *,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
+    shareable: shares.Shareable = shares.NONE,
 ) -> list[Obj]:
     """The ``spec.devices`` entries of the pool, sorted by GPU minor, MIG placement. A dynamic
     MIG GPU gives its full GPU, then every placement in NVML's profile order (their counters
-    are wired in once the pool's counter sets exist: :func:`migslices.attach`)."""
+    are wired in once the pool's counter sets exist: :func:`migslices.attach`); it is never
+    shareable. Other full GPUs ``shareable`` selects get consumable capacity."""
     problems = problems if problems is not None else []
     topo = topology.build(devices)
     out: list[Obj] = []
@@ -172,6 +178,11 @@ def device_entries(
                 migslices.placement_device(place, shared, _quantity)
                 for place in migprofiles.placements(gpu)
             ]
+            if shareable.matches(gpu):
+                problems.append(
+                    f"GPU {gpu.name} ({gpu.product_name}) is published for dynamic MIG; "
+                    "--shareable does not apply to it (its full GPU is exclusive)"
+                )
             continue
         if dynamic_mig.wants(gpu) and dynamic_mig.spec != migprofiles.ALL:
             problems.append(
@@ -183,7 +194,19 @@ def device_entries(
                 out.append(_mig_device(gpu, mig, problems))
         else:
             out.append(_gpu_device(gpu, topo, problems))
+            if shareable.matches(gpu):
+                _make_shareable(out[-1], gpu, problems)
     return out
+
+
+def _make_shareable(entry: Obj, gpu: model.Gpu, problems: list[str]) -> None:
+    """Publish ``gpu`` as a device many claims can share (consumable capacity)."""
+    capacity = shares.capacity(gpu.memory_bytes, memory_text=bytes_quantity(gpu.memory_bytes))
+    if capacity is None:
+        problems.append(f"device {gpu.name!r} has too little memory to share; published exclusive")
+        return
+    entry["allowMultipleAllocations"] = True
+    entry["capacity"] = capacity
 
 
 def _quantity(counter: str, value: int) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from dra_driver.apimachinery import fielderrors, metarules, names, semver
 from dra_driver.apimachinery.fielderrors import FieldError
-from dra_driver.slices import capacityrules
+from dra_driver.slices import requestpolicy
 
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
 MAX_DEVICES_SPECIAL = 64  # ...WithTaintsOrConsumesCounters (list attributes too, since 1.36)
@@ -33,6 +33,7 @@ MAX_TAINTS = 16  # DeviceTaintsMaxLength
 MAX_COUNTERS = 32  # ResourceSliceMaxCountersPerCounterSet / ...PerDeviceCounterConsumption
 MAX_CONSUMPTIONS = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
 MAX_BINDING_CONDITIONS = 4
+MAX_VALID_VALUES = requestpolicy.MAX_VALID_VALUES
 TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
 # DeviceAttribute's JSON fields and the Go field names the server prints the struct with.
 _ATTRIBUTE_FIELDS = {
@@ -165,9 +166,7 @@ def device_errors(
     multi = device.get("allowMultipleAllocations") is True
     for key, cap in capacity.items():
         errors += qualified_name_errors(f"{path}.capacity", key, device=dev)
-        errors += capacityrules.capacity_errors(
-            map_key_path(f"{path}.capacity", key), cap, multi=multi, device=dev
-        )
+        errors += _capacity(map_key_path(f"{path}.capacity", key), cap, multi, dev)
     taints = device.get("taints") or []
     if old is None or (old.get("taints") or []) != taints:  # unchanged taints are not rechecked
         errors += _taints(f"{path}.taints", taints, dev)
@@ -231,6 +230,22 @@ def _text(path: str, value: str, version: bool, dev: str | None) -> list[FieldEr
     if len(value.encode()) > MAX_VALUE_LEN:
         errors.append(fielderrors.too_long(path, MAX_VALUE_LEN, device=dev))
     return errors
+
+
+def _capacity(path: str, cap: Mapping[str, Any], multi: bool, dev: str | None) -> list[FieldError]:
+    """``validateSingleAllocatableDeviceCapacity`` / ``validateMultiAllocatableDeviceCapacity``:
+    the value needs no check (any quantity that decoded is valid); a ``requestPolicy`` only on
+    a device allowing multiple allocations, then checked by :mod:`requestpolicy`."""
+    policy = cap.get("requestPolicy")
+    if policy is None:
+        return []
+    if not multi:
+        return [
+            fielderrors.forbidden(
+                f"{path}.requestPolicy", "allowMultipleAllocations must be true", device=dev
+            )
+        ]
+    return requestpolicy.errors(f"{path}.requestPolicy", cap.get("value") or "0", policy, dev)
 
 
 def _taints(path: str, taints: list[Any], dev: str | None) -> list[FieldError]:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from dra_driver import logs
 from dra_driver.devices import migprofiles, model
 from dra_driver.kube import api
-from dra_driver.slices import build, compare, validate
+from dra_driver.slices import build, compare, shares, validate
 
 CONFLICT_RETRIES = 3
 
@@ -374,6 +374,7 @@ def start_node_publisher(
     on_pass: Callable[[Outcome | None], None] | None = None,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     decorate: Callable[[list[api.Obj]], None] | None = None,
+    shareable: shares.Shareable = shares.NONE,
 ) -> Publisher:
     """Build the node's slices from ``devices`` and keep them published (the node agent's hook).
 
@@ -386,6 +387,7 @@ def start_node_publisher(
         driver_name=driver_name,
         decorate=decorate,
         dynamic_mig=dynamic_mig,
+        shareable=shareable,
     )
     publisher = Publisher(
         kube=api, driver_name=driver_name, node_name=node_name, log=log, on_pass=on_pass

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import structlog
 
 from dra_driver.devices import health, migprofiles, model
-from dra_driver.slices import build, taints
+from dra_driver.slices import build, shares, taints
 
 Obj = dict[str, Any]
 
@@ -103,8 +103,10 @@ def follow(
     driver_name: str,
     log: structlog.typing.FilteringBoundLogger,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
+    shareable: shares.Shareable = shares.NONE,
 ) -> HealthRepublisher:
-    """Start re-publishing ``devices``' slices with the taints of ``board`` on every change."""
+    """Start re-publishing ``devices``' slices with the taints of ``board`` on every change
+    (``shareable`` GPUs stay published with their consumable capacity)."""
 
     def rebuild(snapshot: health.Snapshot) -> list[Obj]:
         return build.build(
@@ -113,6 +115,7 @@ def follow(
             driver_name=driver_name,
             decorate=taints.decorator(snapshot, driver_name),
             dynamic_mig=dynamic_mig,
+            shareable=shareable,
         ).slices
 
     follower = HealthRepublisher(

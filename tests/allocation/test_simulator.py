@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from claimkit import DRIVER, NODE, rclaim, request
 from dra_driver import examples
 from dra_driver.allocation import allocator, pools, simulator
 from dra_driver.devices import fake
+from dra_driver.slices import shares
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOYED = REPO / "deployments" / "examples"
@@ -71,9 +73,26 @@ def test_every_example_has_a_claim_and_a_pod_using_it() -> None:
 
 @pytest.mark.parametrize("name", examples.names())
 def test_examples_on_dgx_h100(name: str) -> None:
-    """Every example fits a DGX H100 except the one meant not to fit and the MIG one."""
+    """Every example fits a DGX H100 except the one meant not to fit, the MIG one, and the GPU
+    share (its GPUs are not published as shareable: they have no computeShare capacity)."""
     outcome = _run("dgx-h100", name)
-    assert outcome.allocated == (name not in ("cannot-fit", "mig-1g")), outcome.explanation
+    expected = name not in ("cannot-fit", "mig-1g", "gpu-share-20gi")
+    assert outcome.allocated == expected, outcome.explanation
+
+
+def test_share_example_on_shareable_gpus() -> None:
+    devices = fake.FakeBackend.from_name("dgx-h100").discover()
+    inputs = _inputs("dgx-h100", examples.load("gpu-share-20gi"))
+    shared = simulator.fake_slices(
+        devices, node_name=NODE, driver_name=DRIVER, shareable=shares.Shareable.parse("H100")
+    )
+    (outcome,) = simulator.run(dataclasses.replace(inputs, slices=shared))
+    assert outcome.allocation is not None, outcome.explanation
+    (result,) = outcome.allocation["devices"]["results"]
+    assert result["consumedCapacity"] == {"computeShare": "25", "memory": "20Gi"}
+    assert result["shareID"]
+    plain = _run("dgx-h100", "gpu-share-20gi")
+    assert "has no capacity computeShare" in "\n".join(plain.explanation)
 
 
 def test_mig_example_on_a100_mig() -> None:

@@ -44,14 +44,15 @@ def test_demo_default_profile_runs_green() -> None:
     assert "allocated: gpu-" in out and "(request gpu/h100)" in out
     assert '"kind": "k8s.gpu.nvidia.com/claim"' in out
     # The health scene: a GPU fails, is tainted, and recovers.
-    assert "Scene 2 of 4: health" in out
+    assert "Scene 2 of 5: health" in out
     assert "key: gpu.nvidia.com/xid" in out and "effect: NoExecute" in out
     assert "[ok] discover shows gpu-0 Unhealthy (xid=79)" in out
     assert "[ok] an eight-GPU claim no longer fits:" in out
     assert "[ok] the eight-GPU claim fits again" in out
     assert "[ok] discover: gpu-0 Healthy, recoveries 2" in out
+    assert "Scene 3 of 5: topology" in out
     # The dynamic MIG scene: one H100 as 1g.10gb + 2g.20gb + 3g.40gb, made and destroyed.
-    assert "Scene 4 of 4: mig" in out
+    assert "Scene 4 of 5: mig" in out
     for name, device in (
         ("small (1g.10gb)", "gpu-0-mig-1g-10gb-0"),
         ("medium (2g.20gb)", "gpu-0-mig-2g-20gb-2"),
@@ -65,6 +66,10 @@ def test_demo_default_profile_runs_green() -> None:
     )
     assert "[ok] all three unprepared; instances left on gpu-0: []" in out
     assert "[ok] gpu-0: MIG mode switched off for the full GPU" in out
+    # The sharing scene: three shares of one H100 through one MPS daemon.
+    assert "Scene 5 of 5: sharing" in out
+    assert "[ok] one MPS control daemon serves gpu-0 for all three" in out
+    assert "[ok] share-c: unprepared; MPS daemon gone" in out
     assert out.rstrip().endswith("demo OK: every step did what it must.")
 
 
@@ -125,3 +130,24 @@ def test_demo_unknown_profile_is_exit_2(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "unknown fake profile 'nope'" in proc.stderr
+
+
+def test_sharing_scene_shares_one_h100_and_stops_the_daemon_with_the_last_share() -> None:
+    out = io.StringIO()
+    code = demo.run(
+        backend=fake.FakeBackend.from_name("dgx-h100"),
+        node_name="n1",
+        driver_name="gpu.nvidia.com",
+        out=out,
+        scenes=["sharing"],
+    )
+    text = out.getvalue()
+    assert code == 0, text[-3000:]
+    assert "gpu-0 is published with allowMultipleAllocations: true" in text
+    for pod, memory, threads in (("a", 20480, 25), ("b", 30720, 35), ("c", 30720, 40)):
+        assert f"[ok] share-{pod}: prepared" in text
+        assert f"={memory}M" in text
+        assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}" in text
+    assert "gpu-0: 0 of memory left, 20Gi requested" in text
+    assert "[ok] share-c: unprepared; MPS daemon gone" in text
+    assert "[ok] gpu-0 back in compute mode Default" in text

@@ -179,6 +179,42 @@ def test_claim_file_without_a_claim(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 2 and "no ResourceClaim or ResourceClaimTemplate in it" in err
 
 
+def test_simulate_shares_of_a_shareable_profile(tmp_path: Path) -> None:
+    claims = "".join(
+        f"""---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        capacity: {{requests: {{memory: {memory}}}}}
+"""
+        for name, memory in (("a", "12Gi"), ("b", "11Gi"))
+    )
+    path = tmp_path / "shares.yaml"
+    path.write_text(claims)
+    one_gpu = tmp_path / "one-l4.yaml"
+    one_gpu.write_text(
+        'name: one-l4\ndriverVersion: "580.95.05"\ncudaDriverVersion: "13.0"\n'
+        "defaults: {productName: NVIDIA L4, brand: Nvidia, architecture: Ada Lovelace, "
+        'cudaComputeCapability: "8.9", memory: 22Gi}\ngpus:\n  - {pciBusId: "0000:01:00.0"}\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "simulate", str(path), "--fake-file", str(one_gpu),
+         "--shareable", "L4"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    first, second = proc.stdout.split("---\n")
+    assert "shareID:" in first and "memory: 12Gi" in first
+    assert "ResourceClaim b cannot be allocated" in second
+    assert "gpu-0: 10Gi of memory left, 11Gi requested" in second
+
+
 def _taken(tmp_path: Path, *names: str) -> str:
     results = [{"driver": "gpu.nvidia.com", "pool": "fake-node", "device": n} for n in names]
     return write(tmp_path / "taken.yaml", results)

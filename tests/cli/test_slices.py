@@ -83,3 +83,24 @@ def test_usage_errors_are_one_clear_line() -> None:
     assert bad_node.returncode == 2 and "'N1'" in bad_node.stderr
     unknown = run("--node-name", "n1", "--fake", "no-such-profile")
     assert unknown.returncode == 2 and "no-such-profile" in unknown.stderr
+
+
+def test_shareable_flag_and_its_environment_twin() -> None:
+    import os
+
+    by_flag = run("--node-name", "n1", "--fake", "pcie-l4", "--shareable", "L4")
+    by_env = run("--node-name", "n1", "--fake", "pcie-l4", env={**os.environ, "SHAREABLE": "all"})
+    for proc in (by_flag, by_env):
+        assert proc.returncode == 0, proc.stderr
+        counters, doc = yaml.safe_load_all(proc.stdout)
+        assert counters["spec"]["sharedCounters"][0]["name"] == "gpus"
+        assert kubernetes_validate.validate(doc, "1.37.0", strict=True)
+        gpus = [d for d in doc["spec"]["devices"] if d["attributes"]["type"]["string"] == "gpu"]
+        assert len(gpus) == 4 and all(d["allowMultipleAllocations"] for d in gpus)
+        assert all("requestPolicy" in d["capacity"]["memory"] for d in gpus)
+        assert all(d["consumesCounters"] for d in gpus)
+    plain = run("--node-name", "n1", "--fake", "pcie-l4")
+    assert "allowMultipleAllocations" not in plain.stdout
+    bad = run("--node-name", "n1", "--fake", "pcie-l4", "--shareable", "L4(")
+    assert bad.returncode == 2
+    assert "--shareable 'L4(': not none, all or a valid regular expression" in bad.stderr

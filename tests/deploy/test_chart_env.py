@@ -67,7 +67,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "kubelet-plugin-fake": {
         **_COMMON,
         "fakeGPU": {"profile": "dgx-h100"},
-        "kubeletPlugin": {**_PATHS, "seamlessUpgrade": True, "dynamicMig": "H100"},
+        "kubeletPlugin": {
+            **_PATHS,
+            "seamlessUpgrade": True,
+            "shareable": "H100",
+            "dynamicMig": "H100",
+        },
     },
     "kubelet-plugin-no-node-labels": {
         **_COMMON,
@@ -81,6 +86,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "devicePlugin": {
             "enabled": True,
             "replicas": 3,
+            "sharingStrategy": "mps",
+            "mpsDir": "/x/mps",
             "migStrategy": "mixed",
             "deviceListStrategy": "envvar",
             "resourceName": "example.com/gpu",

@@ -185,8 +185,11 @@ def node_factory(tmp_path: Path) -> Iterator[Callable[..., Node]]:
         return n
 
     yield make
+    from . import sharekit  # MPS daemons outlive drivers by design: end them here
+
     for n in made:
         n.driver.close()
+        sharekit.kill_daemons(n)
 
 
 @pytest.fixture

@@ -43,7 +43,33 @@ def test_minimal_and_full_configs_decode() -> None:
     [
         (base(sharng={"strategy": "TimeSlicing"}), "field sharng: unknown field"),
         (base(sharing={"strategy": "TimeSlicing", "slices": 4}), "field sharing.slices: unknown"),
-        (base(sharing={"strategy": "MPS"}), "field sharing.strategy"),
+        (base(sharing={"strategy": "Fabric"}), "field sharing.strategy"),
+        (base(sharing={"strategy": 7}), "field sharing.strategy"),
+        (
+            base(sharing={"strategy": "MPS", "mps": {"activeThreadPercentage": "50"}}),
+            "field sharing.mps.activeThreadPercentage: Input should be a valid integer",
+        ),
+        (
+            base(sharing={"strategy": "MPS", "mps": {"activeThreadPercentage": 101}}),
+            "field sharing.mps.activeThreadPercentage",
+        ),
+        (
+            base(sharing={"strategy": "MPS", "mps": {"pinnedDeviceMemoryLimit": "lots"}}),
+            "'lots' is not a quantity",
+        ),
+        (
+            base(sharing={"strategy": "MPS", "mps": {"pinnedDeviceMemoryLimit": "512Ki"}}),
+            "value set too low",
+        ),
+        (
+            base(sharing={"strategy": "MPS", "mps": {"perDevicePinnedMemoryLimits": {"x": "1Gi"}}}),
+            "'x' is neither a device UUID nor a device index",
+        ),
+        (base(sharing={"strategy": "MPS", "mps": {"threads": 5}}), "field sharing.mps.threads"),
+        (
+            base(sharing={"strategy": "TimeSlicing", "mps": {}}),
+            "mps may only be set with strategy MPS",
+        ),
         (base(sharing={}), "field sharing.strategy: required field is missing"),
         (
             base(sharing={"strategy": "Exclusive", "timeSlicing": {}}),
@@ -62,6 +88,32 @@ def test_bad_configs_are_errors_naming_claim_entry_and_field(params: Any, expect
     text = str(err.value)
     assert expect in text
     assert "ns/c" in text and "config[3] (FromClaim)" in text
+
+
+def test_mps_config_decodes() -> None:
+    cfg = config.decode(
+        entry(
+            base(
+                sharing={
+                    "strategy": "MPS",
+                    "mps": {
+                        "activeThreadPercentage": 40,
+                        "pinnedDeviceMemoryLimit": "8Gi",
+                        "perDevicePinnedMemoryLimits": {"1": "2Gi", "GPU-abc": "1Gi"},
+                    },
+                }
+            )
+        ),
+        ref=REF,
+    )
+    assert cfg.sharing is not None and cfg.sharing.mps is not None
+    assert cfg.sharing.mps.active_thread_percentage == 40
+    assert cfg.sharing.mps.pinned_device_memory_limit == "8Gi"
+    assert config.memory_limit("8Gi") == 8 << 30
+    assert cfg.to_json()["sharing"]["mps"]["perDevicePinnedMemoryLimits"] == {
+        "1": "2Gi",
+        "GPU-abc": "1Gi",
+    }
 
 
 def test_merge_in_order_later_wins() -> None:

@@ -56,6 +56,14 @@ def test_overlaps_name_both_devices_and_the_gpu(inv: inventory.Inventory) -> Non
     assert inventory.overlaps([dev("gpus-0-1-2"), dev("gpus-2-3")]) == [
         "gpus-0-1-2 and gpus-2-3 both use GPU gpu-2"
     ]
+    # Two shares of one GPU count once; a share next to a set holding its GPU is a clash.
+    assert inventory.overlaps([dev("gpu-1"), dev("gpu-1")], shares=[True, True]) == []
+    assert inventory.overlaps([dev("gpu-1"), dev("gpu-1")], shares=[True, False]) == [
+        "gpu-1 and gpu-1 both use GPU gpu-1"
+    ]
+    assert inventory.overlaps(
+        [dev("gpu-1"), dev("gpu-1"), dev("gpus-0-1")], shares=[True, True, False]
+    ) == ["gpu-1 and gpus-0-1 both use GPU gpu-1"]
 
 
 def test_mig_devices_of_one_gpu_may_share_it_but_not_with_the_whole_gpu() -> None:

@@ -146,3 +146,40 @@ def test_container_gets_env_device_nodes_and_driver_mounts(podman: list[str], no
     out = run_with_cdi(podman, node.cdi_root, ids[1:], "ls /dev/ | grep '^nvidia[0-9]'")
     assert out.split() == ["nvidia1"]
     assert node.driver.unprepare([ref]) == {ref.uid: ""}
+
+
+def test_container_of_a_gpu_share_gets_the_mps_env_and_pipe_mount(
+    podman: list[str], node: Node
+) -> None:
+    from . import sharekit
+
+    ref = node.add(
+        sharekit.share_claim("share", sharekit.share("gpu-2", memory="20Gi", compute="25"))
+    )
+    result = node.driver.prepare([ref])[ref.uid]
+    assert result.error == ""
+    (device,) = result.devices
+    assert device.share_id is not None
+    gpu2 = node.driver.state.devices.devices["gpu-2"].uuid
+    out = run_with_cdi(
+        podman,
+        node.cdi_root,
+        list(device.cdi_device_ids),
+        (
+            "env | grep -E '^(CUDA_MPS|NVIDIA_VISIBLE)' | sort; echo ---; "
+            "ls $CUDA_MPS_PIPE_DIRECTORY; echo ---; "
+            "grep -E ' /tmp/nvidia-mps | /dev/shm ' /proc/mounts | cut -d' ' -f2"
+        ),
+    )
+    env_part, pipe_part, mount_part = out.split("---\n")
+    env = dict(line.split("=", 1) for line in env_part.splitlines())
+    assert env == {
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{gpu2}=20480M",
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+        "NVIDIA_VISIBLE_DEVICES": gpu2,
+    }
+    assert pipe_part.split() == ["control"]  # the stand-in daemon's socket, seen from inside
+    assert sorted(mount_part.split()) == ["/dev/shm", "/tmp/nvidia-mps"]
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    assert sharekit.daemon_records(node) == {}

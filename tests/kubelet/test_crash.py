@@ -79,30 +79,44 @@ def _churn(
         outcome["calls"].append("ok")
 
 
-def test_sigkill_at_random_points_leaves_consistent_state(
-    short_dir: Path, apiserver: fakeserver.FakeApiServer
-) -> None:
-    rng = random.Random(4)
-    refs = _claims(apiserver, 8)
-    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
+def kill_under_load(
+    base: Path,
+    kubeconfig: Path,
+    refs: list[claims.ClaimRef],
+    rng: random.Random,
+    outcome: dict[str, list[str]],
+    pause_s: tuple[float, float],
+) -> int:
+    """Start the plugin, churn prepare/unprepare, SIGKILL it after a random pause; again and
+    again for ``BUDGET_S`` (at least three times, however slow the machine). The kill count."""
     kills = 0
-    outcome: dict[str, list[str]] = {"errors": [], "calls": [], "interrupted": []}
     started = time.monotonic()
-    while time.monotonic() - started < BUDGET_S:
-        plugin = PluginProcess(base=short_dir, kubeconfig=kubeconfig).start()
+    while kills < 3 or time.monotonic() - started < BUDGET_S:
+        plugin = PluginProcess(base=base, kubeconfig=kubeconfig).start()
         plugin.wait_ready()
         kubelet = KubeletSim(plugin.registry_dir)
         kubelet.register("gpu.nvidia.com")
         stop = threading.Event()
         churn = threading.Thread(target=_churn, args=(kubelet, refs, rng, stop, outcome))
         churn.start()
-        time.sleep(rng.uniform(0.05, 0.4))
+        time.sleep(rng.uniform(*pause_s))
         plugin.signal(signal.SIGKILL)
         plugin.wait()
         stop.set()
         churn.join(timeout=60)
         kubelet.close()
         kills += 1
+    return kills
+
+
+def test_sigkill_at_random_points_leaves_consistent_state(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    rng = random.Random(4)
+    refs = _claims(apiserver, 8)
+    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
+    outcome: dict[str, list[str]] = {"errors": [], "calls": [], "interrupted": []}
+    kills = kill_under_load(short_dir, kubeconfig, refs, rng, outcome, (0.05, 0.4))
     assert kills >= 3
     assert outcome["errors"] == []
     assert len(outcome["interrupted"]) >= kills - 1  # the kills landed in the middle of calls

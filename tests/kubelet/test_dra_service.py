@@ -173,6 +173,36 @@ def test_share_id_only_on_v1(running: Running) -> None:
     kubelet.close()
 
 
+def test_two_shares_of_one_gpu_each_answered_with_its_share_id(running: Running) -> None:
+    """Each claim holding a share gets its own share_id back (kubelet keys devices by it)."""
+    shares = ["44444444-4444-4444-8444-444444444444", "55555555-5555-4555-8555-555555555555"]
+    refs = [
+        running.claim(
+            f"share-{i}",
+            [
+                {
+                    **result("gpu-6"),
+                    "shareID": share,
+                    "consumedCapacity": {"memory": "8Gi", "computeShare": "20"},
+                }
+            ],
+        )
+        for i, share in enumerate(shares)
+    ]
+    kubelet = KubeletSim(running.settings.registry_dir)
+    kubelet.register("gpu.nvidia.com")
+    try:
+        answer = kubelet.prepare(refs, version="v1.DRAPlugin")
+        got = [answer.claims[r.uid].devices[0].share_id for r in refs]
+        assert [answer.claims[r.uid].error for r in refs] == ["", ""]
+        assert got == shares
+        assert {c.error for c in kubelet.unprepare(refs).claims.values()} == {""}
+    finally:
+        kubelet.close()
+        daemons = running.settings.plugin_dir / "mps" / "daemons"
+        assert not list(daemons.glob("*.json"))  # the last share stopped the GPU's daemon
+
+
 def test_stop_removes_sockets_and_refuses_foreign_files(running: Running, short_dir: Path) -> None:
     KubeletSim(running.settings.registry_dir).register("gpu.nvidia.com")
     running.stop.set()

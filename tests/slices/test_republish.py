@@ -143,3 +143,47 @@ def test_a_failing_rebuild_keeps_following() -> None:
     wait_for(lambda: recording.handed)
     assert recording.handed[-1] == [{"version": 2}]
     follower.stop()
+
+
+def test_shareable_gpus_stay_shareable_when_a_taint_is_republished() -> None:
+    from dra_driver.slices import shares
+
+    api = memory.InMemoryApi()
+    api.put_node(NODE, uid="uid-n1")
+    board = health.HealthBoard()
+    devices = devices_of("dgx-h100")
+    snap = board.snapshot()
+    sharing = shares.Shareable.parse("H100")
+    pub = publisher.start_node_publisher(
+        api=api,
+        devices=devices,
+        driver_name=DRIVER,
+        node_name=NODE,
+        decorate=taints.decorator(snap, DRIVER),
+        shareable=sharing,
+    )
+    follower = republish.follow(
+        pub,
+        board=board,
+        built_at_version=snap.version,
+        devices=devices,
+        node_name=NODE,
+        driver_name=DRIVER,
+        log=logs.get("test"),
+        shareable=sharing,
+    )
+    try:
+        wait_for(pub.synced.is_set)
+        board.set_conditions(devices.gpu(1).uuid, [xid("79")])
+        wait_for(
+            lambda: any(d.get("taints") for s in slices(api) for d in s["spec"].get("devices", []))
+        )
+        published = [d for s in slices(api) for d in s["spec"].get("devices", [])]
+        gpus = [d for d in published if d["attributes"]["type"] == {"string": "gpu"}]
+        assert len(gpus) == 8 and all(d.get("allowMultipleAllocations") for d in gpus)
+        assert all(d["consumesCounters"] for d in gpus)  # shares still hold their GPU's counter
+        tainted = [d["name"] for d in published if d.get("taints")]
+        assert tainted[0] == "gpu-1" and len(tainted) > 1  # and every GPU set holding gpu-1
+        assert all("-1-" in f"{n}-" for n in tainted[1:])
+    finally:
+        follower.stop()

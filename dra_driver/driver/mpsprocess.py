@@ -1,0 +1,194 @@
+"""The MPS control program as processes: spawn a daemon, talk to it, find it, end it.
+
+Why it exists: :mod:`dra_driver.driver.mps` decides *when* a daemon runs and keeps the records;
+this module knows *how* a process is started (foreground ``-f``, its own session so it outlives
+the agent, a marker in its environment), recognised again after an agent restart (pid plus the
+kernel's start time, so a reused pid never passes for it), asked to ``quit`` through the control
+client, and, if it does not, ended with SIGTERM and SIGKILL. The program is a command prefix
+(:func:`program`): the real ``nvidia-cuda-mps-control`` or the stand-in
+:mod:`dra_driver.devices.fakemps`. :class:`Supervisor` runs the periodic housekeeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from dra_driver.driver import driverfiles
+
+MARKER: Final = "DRA_DRIVER_MPS_DAEMON"
+POLL_S: Final = 0.02
+
+
+class Processes:
+    """Daemon processes of one agent; children it spawned are reaped, others are polled."""
+
+    def __init__(
+        self,
+        *,
+        command: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        isolate_shm: bool = False,
+        stop_timeout_s: float = 10.0,
+    ) -> None:
+        self.command = tuple(command)
+        self.env = dict(env or {})
+        self.isolate_shm = isolate_shm
+        self.stop_timeout_s = stop_timeout_s
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, *, pipe: Path, log: Path, shm: Path, visible: Sequence[str]) -> int:
+        """Start the control daemon in the foreground of its own session; its pid."""
+        env = {
+            **os.environ,
+            **self.env,
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(log),
+            "CUDA_VISIBLE_DEVICES": ",".join(visible),
+            MARKER: str(pipe),
+        }
+        argv = [*self.command, "-f"]
+        if self.isolate_shm:  # the daemon's /dev/shm is the directory its clients get too
+            script = 'mount --bind "$0" /dev/shm && exec "$@"'
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                    str(shm), *argv]  # fmt: skip
+        with (log / "daemon.out").open("ab") as out:
+            child = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # outlives the agent: adopted after a restart
+                close_fds=True,
+            )
+        self._children[child.pid] = child
+        return child.pid
+
+    def alive(self, pid: int, start_time: int | None) -> bool:
+        """Whether ``pid`` is a live (not zombie) process started at ``start_time``."""
+        self.reap()
+        stat = _stat(pid)
+        if stat is None or stat[0] == "Z":
+            return False
+        return start_time is None or stat[1] == start_time
+
+    def reap(self) -> None:
+        for pid, child in list(self._children.items()):
+            if child.poll() is not None:
+                del self._children[pid]
+
+    def find(self, pipe: Path) -> int | None:
+        """A live process marked as the daemon of ``pipe`` (one whose pid was never recorded)."""
+        marker = f"{MARKER}={pipe}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0") and self.alive(int(entry.name), None):
+                return int(entry.name)
+        return None
+
+    def end(self, pipe: Path, pid: int, start_time: int | None) -> None:
+        """Ask the daemon to ``quit``, then insist (SIGTERM, SIGKILL) until ``pid`` is gone."""
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                list(self.command),
+                input=b"quit\n",
+                env={**os.environ, **self.env, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+                capture_output=True,
+                timeout=self.stop_timeout_s,
+                check=False,
+            )
+        for sig, wait_s in (
+            (None, self.stop_timeout_s),
+            (signal.SIGTERM, 2.0),
+            (signal.SIGKILL, 5.0),
+        ):
+            if sig is not None and self.alive(pid, start_time):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + wait_s
+            while self.alive(pid, start_time) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+            if not self.alive(pid, start_time):
+                return
+
+
+def program(
+    *, fake: bool, files: Sequence[driverfiles.Mount], driver_root_is_slash: bool
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(command, extra environment) of the MPS control program: the stand-in
+    :mod:`dra_driver.devices.fakemps` on fake nodes, else ``nvidia-cuda-mps-control`` from the
+    driver root (none found: an empty command, and starting a daemon says so), with the driver
+    root's libraries when that root is not ``/``."""
+    if fake:
+        return (sys.executable, "-m", "dra_driver.devices.fakemps"), {}
+    found = {Path(m.container_path).name: Path(m.local_path or m.host_path) for m in files}
+    binary = found.get("nvidia-cuda-mps-control")
+    env: dict[str, str] = {}
+    libcuda = found.get("libcuda.so.1")
+    if libcuda is not None and not driver_root_is_slash:
+        env["LD_LIBRARY_PATH"] = str(libcuda.parent)
+    return ((str(binary),) if binary is not None else ()), env
+
+
+class Supervisor:
+    """Runs ``check`` every ``interval_s`` seconds on a daemon thread (MPS housekeeping)."""
+
+    def __init__(
+        self,
+        *,
+        check: Callable[[], object],
+        interval_s: float,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        self.check = check
+        self.interval_s = interval_s
+        self.log = log
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mps-supervisor", daemon=True)
+
+    def start(self) -> None:
+        if self.interval_s > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.check()
+            except Exception:  # never let supervision die; the next round retries
+                self.log.exception("MPS supervision failed; will retry")
+
+
+def start_time(pid: int) -> int | None:
+    stat = _stat(pid)
+    return stat[1] if stat is not None else None
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks since boot) of ``pid``; None when there is none."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])

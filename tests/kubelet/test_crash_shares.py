@@ -1,0 +1,140 @@
+"""Crash safety of GPU shares: SIGKILL the plugin process at random points while the test
+kubelet prepares and unprepares claims that share GPUs through MPS.
+
+The MPS daemons outlive the killed plugin (as on a node), so after every restart the plugin
+must adopt the daemons of prepared shares and stop the others. At the end, with the plugin
+restarted once more: every daemon on disk runs and is used by a prepared claim, no daemon
+process is unaccounted for, compute modes match, and all claims unprepare (the last daemon
+stops, every GPU back to compute mode Default) and prepare again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from dra_driver.driver import claims, mpsprocess
+from dra_driver.fakeapi import fakeserver
+from dra_driver.kubelet.sim import KubeletSim, PluginProcess
+
+from .test_crash import kill_under_load
+
+DRIVER = "gpu.nvidia.com"
+
+
+def _share_claims(server: fakeserver.FakeApiServer, count: int) -> list[claims.ClaimRef]:
+    """``count`` claims, each one share (4Gi, 10% compute) of gpu-0 or gpu-1."""
+    refs = []
+    for i in range(count):
+        uid = str(uuid.uuid4())
+        result = {
+            "request": "gpu",
+            "driver": DRIVER,
+            "pool": "n1",
+            "device": f"gpu-{i % 2}",
+            "shareID": str(uuid.uuid4()),
+            "consumedCapacity": {"memory": "4Gi", "computeShare": "10"},
+        }
+        server.api.put_resource_claim(
+            {
+                "metadata": {"name": f"s{i}", "namespace": "crash", "uid": uid},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpu",
+                                "exactly": {
+                                    "deviceClassName": "gpu.nvidia.com",
+                                    "capacity": {"requests": {"memory": "4Gi"}},
+                                },
+                            }
+                        ]
+                    }
+                },
+                "status": {"allocation": {"devices": {"results": [result]}}},
+            }
+        )
+        refs.append(claims.ClaimRef(uid=uid, namespace="crash", name=f"s{i}"))
+    return refs
+
+
+def _daemon_processes(mps_root: Path) -> dict[str, int]:
+    prefix = str(mps_root) + "/"
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        for var in env:
+            key, _, value = var.decode(errors="replace").partition("=")
+            if key == mpsprocess.MARKER and value.startswith(prefix) and state != "Z":
+                found[value[len(prefix) :].split("/")[0]] = int(entry.name)
+    return found
+
+
+def _json_files(folder: Path) -> dict[str, Any]:
+    return {p.stem: json.loads(p.read_text()) for p in folder.glob("*.json")}
+
+
+def test_sigkill_with_shares_leaves_no_daemon_mode_or_spec_behind(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    rng = random.Random(14)
+    refs = _share_claims(apiserver, 6)
+    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
+    plugin_dir = short_dir / "plugins" / DRIVER
+    mps_root = plugin_dir / "mps"
+    outcome: dict[str, list[str]] = {"errors": [], "calls": [], "interrupted": []}
+    try:
+        kills = kill_under_load(short_dir, kubeconfig, refs, rng, outcome, (0.1, 0.8))
+        assert kills >= 3
+        assert outcome["errors"] == []
+        assert len(outcome["calls"]) >= kills
+
+        plugin = PluginProcess(base=short_dir, kubeconfig=kubeconfig).start()
+        try:
+            plugin.wait_ready()
+            records = _json_files(plugin_dir / "claims")
+            assert all(r["state"] == "PrepareCompleted" for r in records.values())
+            cdi = {p.name for p in plugin.cdi_root.glob("*.json")}
+            assert cdi == {f"k8s.gpu.nvidia.com-claim_{uid}.json" for uid in records}
+            wanted = {d["mpsDaemon"] for r in records.values() for d in r["devices"]}
+            daemons = _json_files(mps_root / "daemons")
+            assert {d["id"] for d in daemons.values()} == wanted
+            assert _daemon_processes(mps_root) == {d["id"]: d["pid"] for d in daemons.values()}
+            modes = json.loads((plugin_dir / "fake-gpu-control.json").read_text())
+            exclusive = {u for u, s in modes.items() if s["computeMode"] == "ExclusiveProcess"}
+            assert exclusive == {dev["uuid"] for d in daemons.values() for dev in d["devices"]}
+
+            kubelet = KubeletSim(plugin.registry_dir)
+            kubelet.register(DRIVER)
+            response = kubelet.unprepare(refs)
+            assert {c.error for c in response.claims.values()} == {""}
+            assert list(plugin.cdi_root.glob("*.json")) == []
+            assert _json_files(mps_root / "daemons") == {}
+            deadline = time.monotonic() + 20
+            while _daemon_processes(mps_root) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _daemon_processes(mps_root) == {}
+            modes = json.loads((plugin_dir / "fake-gpu-control.json").read_text())
+            assert {s["computeMode"] for s in modes.values()} == {"Default"}
+
+            response = kubelet.prepare(refs)
+            assert {c.error for c in response.claims.values()} == {""}, response
+            assert set(_daemon_processes(mps_root)) == {"gpu-0", "gpu-1"}
+            kubelet.close()
+        finally:
+            plugin.kill()
+    finally:
+        for pid in _daemon_processes(mps_root).values():
+            os.kill(pid, signal.SIGKILL)
