@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint pytest system-deps proto clean chart e2e e2e-down faults
+.PHONY: demo test lint pytest system-deps proto clean chart e2e e2e-down faults mutate
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,13 @@ e2e: $(STAMP)
 
 e2e-down:
 	e2e/kind-down.sh
+
+# Mutation testing (mutmut), not part of `make test` or CI: slow on two cores. One group at a
+# time with MODULE=driver|slices|placement|schema|deviceplugin; score in docs/mutation.md.
+MODULE ?=
+MUTATE_CHILDREN ?= 1
+mutate: $(STAMP)
+	$(BIN)/python scripts/mutate.py $(MODULE) --max-children $(MUTATE_CHILDREN)
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py

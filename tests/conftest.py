@@ -1,4 +1,6 @@
-"""Fixtures every test package may use: where the shared reference data lives, an in-memory API."""
+"""Fixtures every test package may use (the shared reference data, an in-memory API), and the
+rule for tests that need ``../shared/reference``: skipped with one reason line naming them when
+it is absent, an error when it is absent under ``CI=true`` (see ``tests/refdata.py``)."""
 
 from __future__ import annotations
 
@@ -8,18 +10,69 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import refdata
 
 from dra_driver.fakeapi import memory
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = REPO_ROOT.parent / "shared" / "reference"
+REPO_ROOT = refdata.REPO_ROOT
+REFERENCE = refdata.REFERENCE
+# Fixtures that read the reference folder: a test using one is a fixture test.
+REFERENCE_FIXTURES = frozenset({"reference_dir", "cdi_validator"})
+_MISSING = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "reference: reads ../shared/reference (skipped without it; CI=true requires it)"
+    )
+
+
+def _fixture_tests(items: list[pytest.Item]) -> list[pytest.Item]:
+    return [
+        item
+        for item in items
+        if item.get_closest_marker("reference")
+        or REFERENCE_FIXTURES & set(getattr(item, "fixturenames", ()))
+    ]
+
+
+def _names(items: list[pytest.Item]) -> str:
+    """``file::{test_a,test_b}`` per file, parameters folded: the skipped tests, named."""
+    by_file: dict[str, dict[str, None]] = {}
+    for item in items:
+        file, _, name = item.nodeid.partition("::")
+        by_file.setdefault(file, {})[name.split("[", 1)[0]] = None
+    return "; ".join(f"{file}::{{{','.join(names)}}}" for file, names in by_file.items())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if refdata.available():
+        return
+    needing = _fixture_tests(items)
+    if not needing:
+        return
+    reason = (
+        f"{len(needing)} fixture tests need ../shared/reference, absent at {REFERENCE}"
+        f"{' (CI=true requires it)' if refdata.required() else ''}: {_names(needing)}"
+    )
+    for item in needing:
+        item.stash[_MISSING] = reason
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    reason = item.stash.get(_MISSING, None)
+    if reason is None:
+        return
+    if refdata.required():
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)  # one call site and one reason: `-ra` prints a single summary line
 
 
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
     """``../shared/reference``: wire contracts, OpenAPI, CDI schema, recorded API verdicts."""
-    if not REFERENCE.is_dir():
-        pytest.fail(f"shared reference data not found at {REFERENCE}")
     return REFERENCE
 
 

@@ -33,6 +33,11 @@ class Kind(enum.StrEnum):
 _OMIT = object()
 
 
+class Rendered(str):
+    """A value already in the server's rendering (a Go struct printed as JSON with its Go
+    field names, e.g. ``{"IntValue":1,"BoolValue":null,...}``): shown as is, unquoted."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class FieldError:
     """One problem with one field; ``str()`` renders it like the server does."""
@@ -65,6 +70,8 @@ class FieldError:
 
 def render_value(value: Any) -> str:
     """Value the way the server quotes it: strings in double quotes, numbers bare, JSON else."""
+    if isinstance(value, Rendered):
+        return str(value)
     if value is None:
         return "null"
     if isinstance(value, bool):

@@ -1,11 +1,12 @@
-"""Kubernetes name rules (DNS labels and subdomains, C identifiers, label keys and values,
-extended resource names), each returning the server's wording of what is wrong.
+"""Kubernetes name rules (DNS labels and subdomains, C identifiers, qualified names, label
+values, extended resource names), each returning the server's wording of what is wrong.
 
 Why it exists: device names, pool names, driver names, attribute names, request names and taint
 keys all follow one of these rules, and both the slice validator and the in-memory API's claim
-and class checks must apply them exactly as the server does. Each function returns a list of
-problems (empty = valid), because the server can report several at once (too long *and* bad
-characters).
+and class checks must apply them exactly as the server does. Each function mirrors one function
+of apimachinery's ``pkg/util/validation`` (named in its docstring) and returns the list of
+messages that function returns (empty = valid), because the server can report several at once
+(too long *and* bad characters). Messages use the v1.36 wording ("characters", not "bytes").
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 
 DNS_LABEL_MAX = 63
 DNS_SUBDOMAIN_MAX = 253
-C_IDENTIFIER_MAX = 32
+QUALIFIED_NAME_MAX = 63
 LABEL_VALUE_MAX = 63
 
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -39,10 +40,10 @@ _C_IDENTIFIER_MSG = (
     "alphanumeric characters or '_' (e.g. 'my_name',  or 'MY_NAME',  or 'MyName', regex used "
     "for validation is '[A-Za-z_][A-Za-z0-9_]*')"
 )
-_QUALIFIED_NAME_MSG = (
-    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and "
-    "end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex "
-    "used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+_QUALIFIED_NAME_REGEX_MSG = (
+    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
 )
 _LABEL_VALUE_MSG = (
     "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
@@ -53,21 +54,25 @@ _LABEL_VALUE_MSG = (
 
 
 def max_len(limit: int) -> str:
+    """``MaxLenError``."""
     return f"must be no more than {limit} characters"
 
 
 def dns_label(value: str) -> list[str]:
-    """RFC 1123 label: device names, request names, counter names."""
+    """``IsDNS1123Label``: device names, request names, counter names.
+
+    A valid subdomain that is not a label can only be wrong by its dots, and the server says so.
+    """
     problems = []
     if len(value) > DNS_LABEL_MAX:
         problems.append(max_len(DNS_LABEL_MAX))
     if not _DNS_LABEL.match(value):
-        problems.append(_DNS_LABEL_MSG)
+        problems.append("must not contain dots" if _DNS_SUBDOMAIN.match(value) else _DNS_LABEL_MSG)
     return problems
 
 
 def dns_subdomain(value: str) -> list[str]:
-    """RFC 1123 subdomain: object names, node names, device class names."""
+    """``IsDNS1123Subdomain``: object names, node names, device class names, pool name parts."""
     problems = []
     if len(value) > DNS_SUBDOMAIN_MAX:
         problems.append(max_len(DNS_SUBDOMAIN_MAX))
@@ -77,39 +82,39 @@ def dns_subdomain(value: str) -> list[str]:
 
 
 def c_identifier(value: str) -> list[str]:
+    """``IsCIdentifier``: the format only; callers check the length themselves."""
     return [] if _C_IDENTIFIER.match(value) else [_C_IDENTIFIER_MSG]
 
 
-def driver_name(value: str) -> list[str]:
-    """A DRA driver name or attribute domain: a DNS subdomain compared case-insensitively."""
-    return dns_subdomain(value.lower())
-
-
-def label_key(value: str) -> list[str]:
-    """A label key (``[prefix/]name``): taint keys, binding conditions."""
-    prefix, sep, name = value.rpartition("/")
+def qualified_name(value: str) -> list[str]:
+    """``IsQualifiedName`` (what ``ValidateLabelName`` applies): label keys, taint and
+    toleration keys, binding conditions. ``[prefix/]name``; an empty name part gets both the
+    "must be non-empty" and the format message, as upstream."""
+    parts = value.split("/")
     problems: list[str] = []
-    if sep and not prefix:
-        problems.append("prefix part must be non-empty")
-    elif sep:
-        problems += [f"prefix part {p}" for p in dns_subdomain(prefix)]
-    if value.count("/") > 1:
+    if len(parts) > 2:
         return [
-            "a qualified name must consist of alphanumeric characters, '-', '_' or '.', and must "
-            "start and end with an alphanumeric character, with an optional DNS subdomain prefix "
-            "and '/'"
+            f"a qualified name {_QUALIFIED_NAME_REGEX_MSG} with an optional DNS subdomain prefix "
+            "and '/' (e.g. 'example.com/MyName')"
         ]
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            problems.append("prefix part must be non-empty")
+        else:
+            problems += [f"prefix part {p}" for p in dns_subdomain(prefix)]
+    name = parts[-1]
     if not name:
         problems.append("name part must be non-empty")
-    else:
-        if len(name) > 63:
-            problems.append("name part must be no more than 63 characters")
-        if not _QUALIFIED_NAME_PART.match(name):
-            problems.append(_QUALIFIED_NAME_MSG)
+    elif len(name) > QUALIFIED_NAME_MAX:
+        problems.append(f"name part {max_len(QUALIFIED_NAME_MAX)}")
+    if not _QUALIFIED_NAME_PART.match(name):
+        problems.append(f"name part {_QUALIFIED_NAME_REGEX_MSG}")
     return problems
 
 
 def label_value(value: str) -> list[str]:
+    """``IsValidLabelValue``: label values, taint and toleration values."""
     problems = []
     if len(value) > LABEL_VALUE_MAX:
         problems.append(max_len(LABEL_VALUE_MAX))
@@ -119,7 +124,9 @@ def label_value(value: str) -> list[str]:
 
 
 def is_extended_resource_name(value: str) -> bool:
-    """``domain/name`` outside ``kubernetes.io`` whose quota form ``requests.<name>`` is valid."""
+    """``v1helper.IsExtendedResourceName``: not a native resource (no ``/``, or inside
+    ``kubernetes.io/``), not ``requests.``-prefixed, and ``requests.<name>`` is a qualified
+    name."""
     if "/" not in value or "kubernetes.io/" in value or value.startswith("requests."):
         return False
-    return not label_key("requests." + value)
+    return not qualified_name("requests." + value)

@@ -1,10 +1,13 @@
-"""The field layout of the ``resource.k8s.io/v1`` objects, for strict decoding.
+"""The field layout of the ``resource.k8s.io/v1`` objects as a v1.36 API server decodes them.
 
 Why it exists: the API server decodes every write with ``fieldValidation=Strict`` semantics in
 our tests' recorded verdicts: an unknown field, a value of the wrong JSON type or a quantity that
 does not parse is a 400 *before* any validation runs. The in-memory API and the local slice
 validator need the same gate, without shipping the 600 kB OpenAPI document, so the layout is
-written down here compactly (a test checks it against the OpenAPI file field by field).
+written down here compactly. It is the Kubernetes **1.36** field set (a test checks it field by
+field against the 1.36 JSON schemas that the ``kubernetes-validate`` dev dependency ships):
+``nodeAllocatableResourceMappings`` (1.36 alpha) is known, master's ``nodeAllocatableResources``,
+``skipNodeOperations`` and ``partitionTypeAttribute`` are unknown fields to a 1.36 server.
 
 Type notation: ``string``, ``int``, ``bool``, ``quantity``, ``time``, ``json`` (any JSON value),
 ``[T]`` (list of T), ``{T}`` (map of string to T), or the name of another entry of
@@ -13,6 +16,7 @@ Type notation: ``string``, ``int``, ``bool``, ``quantity``, ``time``, ``json`` (
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Any
 
@@ -81,8 +85,6 @@ TYPES: dict[str, dict[str, str]] = {
         "perDeviceNodeSelection": "bool",
         "devices": "[Device]",
         "sharedCounters": "[CounterSet]",
-        "partitionTypeAttribute": "string",
-        "skipNodeOperations": "[string]",
     },
     "ResourcePool": {"name": "string", "generation": "int", "resourceSliceCount": "int"},
     "CounterSet": {"name": "string", "counters": "{Counter}"},
@@ -100,7 +102,7 @@ TYPES: dict[str, dict[str, str]] = {
         "bindingConditions": "[string]",
         "bindingFailureConditions": "[string]",
         "allowMultipleAllocations": "bool",
-        "nodeAllocatableResources": "{NodeAllocatableResource}",
+        "nodeAllocatableResourceMappings": "{NodeAllocatableResourceMapping}",
     },
     "DeviceAttribute": {
         "int": "int",
@@ -121,16 +123,7 @@ TYPES: dict[str, dict[str, str]] = {
     "CapacityRequestPolicyRange": {"min": "quantity", "max": "quantity", "step": "quantity"},
     "DeviceCounterConsumption": {"counterSet": "string", "counters": "{Counter}"},
     "DeviceTaint": {"key": "string", "value": "string", "effect": "string", "timeAdded": "time"},
-    "NodeAllocatableResource": {
-        "mapping": "NodeAllocatableMapping",
-        "overhead": "NodeAllocatableOverhead",
-    },
-    "NodeAllocatableMapping": {
-        "capacityKey": "string",
-        "capacityMultiplier": "quantity",
-        "deviceMultiplier": "quantity",
-    },
-    "NodeAllocatableOverhead": {"perPod": "quantity", "perContainer": "quantity"},
+    "NodeAllocatableResourceMapping": {"capacityKey": "string", "allocationMultiplier": "quantity"},
     # --- DeviceClass ---
     "DeviceClass": {**_META, "spec": "DeviceClassSpec"},
     "DeviceClassSpec": {
@@ -212,7 +205,6 @@ TYPES: dict[str, dict[str, str]] = {
         "bindingFailureConditions": "[string]",
         "shareID": "string",
         "consumedCapacity": "{quantity}",
-        "skipNodeOperations": "[string]",
     },
     "DeviceAllocationConfiguration": {
         "source": "string",
@@ -241,113 +233,236 @@ TYPES: dict[str, dict[str, str]] = {
     },
 }
 
+# Go's time.Parse with the RFC 3339 layout (metav1.Time.UnmarshalJSON): upper-case 'T' and
+# 'Z', optional fraction, numeric offset; the fields are then range-checked (_time_ok).
 _RFC3339 = re.compile(
-    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+    r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.\d+)?(?:Z|[+-](\d{2}):(\d{2}))$"
 )
-_JSON_NAMES = {
-    str: "string",
-    bool: "bool",
-    int: "number",
-    float: "number",
-    list: "array",
-    dict: "object",
-}
+_RFC3339_LAYOUT = "2006-01-02T15:04:05Z07:00"
+_INT64 = (-(2**63), 2**63 - 1)
+# Go's ParseQuantity error for anything that is not a quantity (empty included).
+_QUANTITY_FORMAT = (
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+)
 
 
 def decode_errors(kind: str, obj: Any) -> list[fielderrors.FieldError]:
-    """Everything that makes the server refuse to decode ``obj`` as ``kind`` (HTTP 400)."""
+    """Why the server refuses to decode ``obj`` as ``kind`` (HTTP 400), or ``[]``.
+
+    Mirrors the apiserver's strict JSON decoding (sigs.k8s.io/json into the typed v1 struct,
+    then the strict pass): a value whose JSON type does not fit the Go field
+    (``json: cannot unmarshal ...``), a quantity that does not parse, or a time that is not
+    RFC 3339 fails the decode on its own, and only then are unknown fields reported, all of
+    them (``strict decoding error: unknown field "..."``).
+    """
     if not isinstance(obj, dict):
         return [fielderrors.decode("", f"expected a JSON object for {kind}")]
-    errors: list[fielderrors.FieldError] = []
-    _walk(obj, kind, "", errors)
-    return errors
+    walk = _Decode()
+    walk.value(obj, kind)
+    if walk.fatal is not None:
+        return [walk.fatal]
+    if walk.mismatch is not None:
+        return [walk.mismatch]
+    return walk.unknown
+
+
+class _Decode:
+    """One pass over a JSON value against a :data:`TYPES` layout, like Go's decoder: an
+    ``UnmarshalJSON`` error (quantity, time) aborts, the first type mismatch is kept while
+    decoding goes on, and unknown fields are collected for the strict pass."""
+
+    def __init__(self) -> None:
+        self.fatal: fielderrors.FieldError | None = None
+        self.mismatch: fielderrors.FieldError | None = None
+        self.unknown: list[fielderrors.FieldError] = []
+
+    def value(
+        self, value: Any, typ: str, path: str = "", gopath: str = "", struct: str = ""
+    ) -> None:
+        """``path`` names the field for us (``spec.devices[0].name``), ``gopath`` the way Go's
+        error context does (``spec.devices.name``, no indices or keys), ``struct`` is the Go
+        struct holding the field."""
+        if value is None or self.fatal is not None:
+            return  # JSON null decodes to the zero value everywhere
+        if typ.startswith("["):
+            if not isinstance(value, list):
+                return self._mismatch(value, typ, path, gopath, struct)
+            for i, item in enumerate(value):
+                self.value(item, typ[1:-1], f"{path}[{i}]", gopath, struct)
+        elif typ.startswith("{"):
+            if not isinstance(value, dict):
+                return self._mismatch(value, typ, path, gopath, struct)
+            for key, item in value.items():
+                self.value(item, typ[1:-1], f"{path}[{key}]", gopath, struct)
+        elif typ in TYPES:
+            if not isinstance(value, dict):
+                return self._mismatch(value, typ, path, gopath, struct)
+            fields = TYPES[typ]
+            for key, item in value.items():
+                sub, gosub = _join(path, key), _join(gopath, key)
+                if key not in fields:
+                    self.unknown.append(fielderrors.decode(sub, f'unknown field "{sub}"'))
+                else:
+                    self.value(item, fields[key], sub, gosub, typ)
+        else:
+            self._scalar(value, typ, path, gopath, struct)
+        return None
+
+    def _scalar(self, value: Any, typ: str, path: str, gopath: str, struct: str) -> None:
+        if typ == "json":
+            return
+        if typ == "quantity":
+            # resource.Quantity.UnmarshalJSON takes any JSON value: a string (trimmed) or a
+            # bare number parses; anything else reaches ParseQuantity as text and fails.
+            text = _quantity_text(value)
+            try:
+                if not text:
+                    raise quantity.QuantityError(_QUANTITY_FORMAT)
+                quantity.parse_quantity(text)
+            except quantity.QuantityError as exc:
+                reason = str(exc).removeprefix(f"quantity {text!r}: ")
+                self.fatal = fielderrors.decode(path, f"{reason} (at {path}: {value!r})")
+            return
+        if typ == "time":
+            # metav1.Time.UnmarshalJSON: a JSON string, then time.Parse(time.RFC3339, ...).
+            if not isinstance(value, str):
+                got = _json_kind(value)
+                self.fatal = fielderrors.decode(
+                    path, f"json: cannot unmarshal {got} into Go value of type string"
+                )
+            elif not _time_ok(value):
+                self.fatal = fielderrors.decode(
+                    path, f'parsing time "{value}" as "{_RFC3339_LAYOUT}": not RFC 3339 ({path})'
+                )
+            return
+        if typ == "bool":
+            ok = isinstance(value, bool)
+        elif typ == "int":
+            # Go decodes a JSON number into int64 with strconv.ParseInt: no fraction, no
+            # exponent (those arrive here as floats), nothing outside int64.
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            ok = ok and _INT64[0] <= value <= _INT64[1]
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            self._mismatch(value, typ, path, gopath, struct)
+
+    def _mismatch(self, value: Any, typ: str, path: str, gopath: str, struct: str) -> None:
+        if self.mismatch is None:
+            got = _json_kind(value)
+            if typ == "int" and isinstance(value, int | float) and not isinstance(value, bool):
+                got = f"number {value}"
+            self.mismatch = fielderrors.decode(
+                path,
+                f"json: cannot unmarshal {got} into Go struct field {struct}.{gopath} "
+                f"of type {_go_type(typ)}",
+            )
 
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _walk(value: Any, typ: str, path: str, errors: list[fielderrors.FieldError]) -> None:
-    if value is None:
-        return  # JSON null decodes to the zero value everywhere
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _go_type(typ: str) -> str:
+    """The Go type of a field in Go's notation (``[]v1.Device``, ``map[string]v1.Counter``)."""
     if typ.startswith("["):
-        if not isinstance(value, list):
-            errors.append(_mismatch(value, typ, path))
-            return
-        for i, item in enumerate(value):
-            _walk(item, typ[1:-1], f"{path}[{i}]", errors)
-    elif typ.startswith("{"):
-        if not isinstance(value, dict):
-            errors.append(_mismatch(value, typ, path))
-            return
-        for key, item in value.items():
-            _walk(item, typ[1:-1], f"{path}[{key}]", errors)
-    elif typ in TYPES:
-        if not isinstance(value, dict):
-            errors.append(_mismatch(value, typ, path))
-            return
+        return "[]" + _go_type(typ[1:-1])
+    if typ.startswith("{"):
+        return "map[string]" + _go_type(typ[1:-1])
+    return {"string": "string", "int": "int64", "bool": "bool"}.get(typ, f"v1.{typ}")
+
+
+def _quantity_text(value: Any) -> str | None:
+    """What Quantity.UnmarshalJSON hands to ParseQuantity: the string without its quotes,
+    trimmed, or the JSON text of a number; None for values that can never parse."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    return None
+
+
+def _time_ok(value: str) -> bool:
+    """Date and time fields in range, and a numeric offset within RFC 3339's 23:59."""
+    match = _RFC3339.match(value)
+    if not match:
+        return False
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    try:
+        datetime.datetime(year, month, day, hour, minute, second)
+    except ValueError:
+        return False
+    off_h, off_m = match.groups()[6:]
+    return off_h is None or (int(off_h) < 24 and int(off_m) < 60)
+
+
+def decoded(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as the server's validation sees it after decoding: JSON nulls are the zero value
+    (an absent field, or ``{}``/``""``/``0``/``false`` inside lists and maps) and quantities
+    written as numbers are strings. Empty lists stay: ``ints: []`` is not ``ints: null``.
+    ``obj`` must have passed :func:`decode_errors`."""
+    out: dict[str, Any] = _zeroed(obj, kind)
+    return out
+
+
+def _zero(typ: str) -> Any:
+    """The zero value of a list item or map value (structs, strings, ints, bools, quantities:
+    no list holds lists or maps, and no list or map holds times)."""
+    return {} if typ in TYPES else {"string": "", "int": 0, "bool": False, "quantity": "0"}[typ]
+
+
+def _zeroed(value: Any, typ: str) -> Any:
+    """``value`` decoded as ``typ``; free-form JSON (never null here: null struct fields are
+    dropped before their value is looked at) passes through the last line unchanged."""
+    if value is None:
+        return _zero(typ)
+    if typ.startswith("["):
+        return [_zeroed(v, typ[1:-1]) for v in value]
+    if typ.startswith("{"):
+        return {k: _zeroed(v, typ[1:-1]) for k, v in value.items()}
+    if typ in TYPES:
         fields = TYPES[typ]
-        for key, item in value.items():
-            if key not in fields:
-                errors.append(
-                    fielderrors.decode(_join(path, key), f'unknown field "{_join(path, key)}"')
-                )
-            else:
-                _walk(item, fields[key], _join(path, key), errors)
-    else:
-        _scalar(value, typ, path, errors)
-
-
-def _scalar(value: Any, typ: str, path: str, errors: list[fielderrors.FieldError]) -> None:
-    if typ == "json":
-        return
-    if typ == "bool":
-        ok = isinstance(value, bool)
-    elif typ == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:  # string, quantity, time
-        ok = isinstance(value, str)
-    if not ok:
-        errors.append(_mismatch(value, typ, path))
-    elif typ == "quantity":
-        try:
-            quantity.parse_quantity(value)
-        except quantity.QuantityError as exc:
-            reason = str(exc).split(": ", 1)[-1]
-            errors.append(fielderrors.decode(path, f"{reason} (at {path}: {value!r})"))
-    elif typ == "time" and not _RFC3339.match(value):
-        errors.append(
-            fielderrors.decode(path, f'parsing time "{value}" as RFC 3339 failed (at {path})')
-        )
-
-
-def _mismatch(value: Any, typ: str, path: str) -> fielderrors.FieldError:
-    got = _JSON_NAMES.get(type(value), type(value).__name__)
-    want = "array" if typ.startswith("[") else "object" if typ.startswith("{") else typ
-    return fielderrors.decode(
-        path, f"json: cannot unmarshal {got} into field {path} of type {want}"
-    )
+        return {k: _zeroed(v, fields[k]) for k, v in value.items() if v is not None}
+    if typ == "quantity" and not isinstance(value, str):
+        return _quantity_text(value)
+    if typ == "quantity":
+        return value.strip()
+    return value
 
 
 def storage_form(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     """``obj`` as the server stores and returns it: empty lists and maps and nulls dropped
     (Go's ``omitempty``), except inside free-form JSON fields such as opaque parameters."""
-    pruned = _prune(obj, kind)
-    return pruned if isinstance(pruned, dict) else obj
+    pruned: dict[str, Any] = _prune(_zeroed(obj, kind), kind)
+    return pruned
 
 
 def _prune(value: Any, typ: str) -> Any:
     if typ == "json":
         return value
     if isinstance(value, list):
-        return [_prune(v, typ[1:-1] if typ.startswith("[") else typ) for v in value]
+        return [_prune(v, typ[1:-1]) for v in value]
     if not isinstance(value, dict):
         return value
     out: dict[str, Any] = {}
     for key, item in value.items():
-        sub = typ[1:-1] if typ.startswith("{") else TYPES.get(typ, {}).get(key, "json")
+        sub = typ[1:-1] if typ.startswith("{") else TYPES[typ][key]
         item = _prune(item, sub)
-        if item is None or (isinstance(item, list | dict) and not item and sub != "json"):
+        if isinstance(item, list | dict) and not item and sub != "json":
             continue
         out[key] = item
     return out

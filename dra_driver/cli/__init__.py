@@ -31,7 +31,6 @@ SUMMARIES = {
     "device-plugin": "serve nvidia.com/gpu through the kubelet device plugin API",
     "fake-event": "make a fake GPU of a running node agent fail or recover (fake nodes)",
 }
-COMMANDS = tuple(name.replace("-", "_") for name in SUMMARIES)  # module names
 
 Handler = Callable[[argparse.Namespace], int]
 

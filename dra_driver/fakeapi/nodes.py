@@ -136,7 +136,9 @@ def validate_meta(meta: dict[str, Any]) -> list[FieldError]:
     """Labels (keys and values) and annotations (keys, total size) as the server checks them."""
     errors: list[FieldError] = []
     for key, value in (meta.get("labels") or {}).items():
-        errors += [fielderrors.invalid("metadata.labels", key, p) for p in names.label_key(key)]
+        errors += [
+            fielderrors.invalid("metadata.labels", key, p) for p in names.qualified_name(key)
+        ]
         errors += [
             fielderrors.invalid("metadata.labels", value, p) for p in names.label_value(value)
         ]
@@ -144,7 +146,7 @@ def validate_meta(meta: dict[str, Any]) -> list[FieldError]:
     for key in annotations:
         errors += [
             fielderrors.invalid("metadata.annotations", key, p)
-            for p in names.label_key(key.lower())
+            for p in names.qualified_name(key.lower())
         ]
     size = sum(len(k) + len(v) for k, v in annotations.items())
     if size > TOTAL_ANNOTATION_SIZE:

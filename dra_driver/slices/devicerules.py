@@ -1,81 +1,112 @@
-"""Validation rules for one device of a ResourceSlice, and the name rules slices share.
+"""Validation rules for one device of a ResourceSlice, and the attribute-name rule slices and
+claims share.
 
 Why it exists: a device entry carries most of a slice's API limits (name, attributes and
 capacities, semver values, taints, counters, binding conditions, per-device node selection);
 :mod:`dra_driver.slices.validate` applies them to every device and adds the slice-level rules.
-Paths and wording follow the API server's messages so errors can be compared with its verdicts.
+Each check mirrors a function of the Kubernetes v1.36 ``pkg/apis/resource/validation``
+(``validateDevice``, ``validateQualifiedName``, ``validateDeviceAttribute``,
+``validateDeviceTaint``, ...), named in the docstring or comment beside it: same checks, same
+order, same field paths and wording, so errors can be compared with the server's verdicts.
+Input is the decoded form (:func:`dra_driver.apimachinery.schema.decoded`: nulls are zero).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.apimachinery import fielderrors, names, semver
+from dra_driver.apimachinery import fielderrors, metarules, names, semver
 from dra_driver.apimachinery.fielderrors import FieldError
 from dra_driver.slices import requestpolicy
 
-MAX_DEVICES = 128
-MAX_DEVICES_SPECIAL = 64  # when any device uses taints, consumesCounters or list attributes
+MAX_DEVICES = 128  # ResourceSliceMaxDevices
+MAX_DEVICES_SPECIAL = 64  # ...WithTaintsOrConsumesCounters (list attributes too, since 1.36)
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
-MAX_ATTRIBUTE_VALUES = 48
-MAX_ID_LEN = 32
-MAX_DOMAIN_LEN = 63
-MAX_DRIVER_LEN = 63
-MAX_VALUE_LEN = 64
-MAX_TAINTS = 16
-MAX_COUNTERS = 32
-MAX_CONSUMPTIONS = 2
+MAX_ATTRIBUTE_VALUES = 48  # ResourceSliceMaxAttributeValuesPerDevice (list items counted)
+MAX_ID_LEN = 32  # DeviceMaxIDLength
+MAX_DOMAIN_LEN = 63  # DeviceMaxDomainLength
+MAX_KEY_LEN = MAX_DOMAIN_LEN + 1 + MAX_ID_LEN  # attributeAndCapacityMaxKeyLength
+MAX_VALUE_LEN = 64  # DeviceAttributeMaxValueLength
+MAX_TAINTS = 16  # DeviceTaintsMaxLength
+MAX_COUNTERS = 32  # ResourceSliceMaxCountersPerCounterSet / ...PerDeviceCounterConsumption
+MAX_CONSUMPTIONS = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
 MAX_BINDING_CONDITIONS = 4
 MAX_VALID_VALUES = requestpolicy.MAX_VALID_VALUES
 TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
-NODE_SELECTION = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
-_SCALAR_KINDS = ("int", "bool", "string", "version")
+# DeviceAttribute's JSON fields and the Go field names the server prints the struct with.
+_ATTRIBUTE_FIELDS = {
+    "int": "IntValue",
+    "bool": "BoolValue",
+    "string": "StringValue",
+    "version": "VersionValue",
+    "ints": "IntValues",
+    "bools": "BoolValues",
+    "strings": "StringValues",
+    "versions": "VersionValues",
+}
 _LIST_KINDS = ("ints", "bools", "strings", "versions")
 _SEMVER_MSG = "must be a string compatible with semver.org spec 2.0.0"
-
-
-def driver_name_errors(path: str, value: str) -> list[FieldError]:
-    if not value:
-        return [fielderrors.required(path)]
-    if len(value) > MAX_DRIVER_LEN:
-        return [fielderrors.too_long(path, MAX_DRIVER_LEN)]
-    return [fielderrors.invalid(path, value, p) for p in names.driver_name(value)]
+_PER_DEVICE_MSG = (
+    "exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when "
+    "`perDeviceNodeSelection` is set to true in the ResourceSlice spec"
+)
 
 
 def qualified_name_errors(path: str, key: str, *, device: str | None = None) -> list[FieldError]:
-    """An attribute or capacity name: ``identifier`` or ``domain/identifier``."""
-    domain, sep, ident = key.rpartition("/")
-    if key.count("/") > 1:
-        return [
-            fielderrors.invalid(
-                path, key, "a qualified name must contain at most one '/'", device=device
-            )
-        ]
+    """``validateQualifiedName``: an attribute or capacity name, ``identifier`` or
+    ``domain/identifier``; errors are reported on the map itself (``...attributes``).
+
+    Like the v1.36 server, a name with more than one ``/`` is not checked at all (upstream
+    marks this as a known gap to be closed with ratcheting), so it is accepted.
+    """
+    parts = key.split("/")
+    if len(parts) == 1:
+        return _c_identifier(path, parts[0], device)
+    if len(parts) != 2:
+        return []
+    domain, ident = parts
     errors: list[FieldError] = []
-    if sep:
-        if not domain:
-            errors.append(fielderrors.required(path, "the domain must not be empty", device=device))
-        elif len(domain) > MAX_DOMAIN_LEN:
-            errors.append(fielderrors.too_long(path, MAX_DOMAIN_LEN, device=device))
-        else:
-            errors += [
-                fielderrors.invalid(path, domain, p, device=device)
-                for p in names.driver_name(domain)
-            ]
-    if not ident:
-        errors.append(fielderrors.required(path, "the name must not be empty", device=device))
-    elif len(ident) > MAX_ID_LEN:
-        errors.append(fielderrors.too_long(path, MAX_ID_LEN, device=device))
+    if not domain:
+        errors.append(fielderrors.invalid(path, "", "the domain must not be empty", device=device))
     else:
-        errors += [
-            fielderrors.invalid(path, ident, p, device=device) for p in names.c_identifier(ident)
-        ]
+        errors += metarules.driver_name(path, domain, device=device)
+    if not ident:
+        errors.append(fielderrors.invalid(path, "", "the name must not be empty", device=device))
+    else:
+        errors += _c_identifier(path, ident, device)
+    return errors
+
+
+def fully_qualified_name_errors(path: str, value: str) -> list[FieldError]:
+    """``validateFullyQualifiedName``: a qualified name that really has a domain."""
+    errors = qualified_name_errors(path, value)
+    if "/" not in value:
+        errors.append(
+            fielderrors.invalid(
+                path,
+                value,
+                "a fully qualified name must be a domain and a name separated by a slash",
+            )
+        )
+    return errors
+
+
+def _c_identifier(path: str, ident: str, device: str | None) -> list[FieldError]:
+    """``validateCIdentifier``: at most 32 characters and a C identifier (both reported)."""
+    errors: list[FieldError] = []
+    if len(ident) > MAX_ID_LEN:
+        errors.append(fielderrors.too_long(path, MAX_ID_LEN, device=device))
+    errors += [
+        fielderrors.invalid(path, ident, p, device=device) for p in names.c_identifier(ident)
+    ]
     return errors
 
 
 def uses_special_limit(device: Mapping[str, Any]) -> bool:
-    """Whether a device lowers the per-slice device limit to 64."""
+    """``haveDeviceTaints || haveConsumesCounters`` (and list attributes): the device lowers
+    the per-slice device limit to 64."""
     attrs = (device.get("attributes") or {}).values()
     return bool(
         device.get("taints")
@@ -84,59 +115,28 @@ def uses_special_limit(device: Mapping[str, Any]) -> bool:
     )
 
 
-def node_selection_errors(
-    obj: Mapping[str, Any], path: str, *, allow_per_device: bool, device: str | None = None
+def map_key_path(path: str, key: str) -> str:
+    """``fldPath.Key(truncateIfTooLong(key, 96))``: keys longer than a valid one are shown
+    shortened in the middle."""
+    if len(key) > MAX_KEY_LEN:
+        remaining = MAX_KEY_LEN - 3
+        key = key[: (remaining + 1) // 2] + "..." + key[len(key) - remaining // 2 :]
+    return f"{path}[{key}]"
+
+
+def device_errors(
+    path: str,
+    device: Mapping[str, Any],
+    *,
+    per_device: bool,
+    old: Mapping[str, Any] | None = None,
 ) -> list[FieldError]:
-    fields = NODE_SELECTION if allow_per_device else NODE_SELECTION[:3]
-    given = [f for f in fields if obj.get(f) is not None]
-    listing = ", ".join(f"`{f}`" for f in fields)
-    if not given:
-        return [fielderrors.required(path, f"exactly one of {listing} is required", device=device)]
-    if len(given) > 1:
-        shown = "{" + ", ".join(f"`{f}`" for f in given) + "}"
-        return [
-            fielderrors.invalid(
-                path,
-                shown,
-                f"exactly one of {listing} is required, but multiple fields are set",
-                device=device,
-            )
-        ]
-    field, value = given[0], obj[given[0]]
-    sub = f"{path}.{field}"
-    if field == "nodeName":
-        if not value:
-            return [fielderrors.required(sub, device=device)]
-        return [
-            fielderrors.invalid(sub, value, p, device=device) for p in names.dns_subdomain(value)
-        ]
-    if field == "nodeSelector":
-        terms = value.get("nodeSelectorTerms") or []
-        if len(terms) != 1:
-            return [
-                fielderrors.invalid(
-                    f"{sub}.nodeSelectorTerms",
-                    len(terms),
-                    "must have exactly one node selector term",
-                    device=device,
-                )
-            ]
-        return []
-    if value is not True:
-        return [fielderrors.invalid(sub, value, "must be true", device=device)]
-    return []
-
-
-def device_errors(path: str, device: Mapping[str, Any], *, per_device: bool) -> list[FieldError]:
+    """``validateDevice``; ``old`` is the same-named device of the slice being replaced."""
     name = device.get("name") or ""
     dev = name or None
-    errors: list[FieldError] = []
-    if not name:
-        errors.append(fielderrors.required(f"{path}.name"))
-    else:
-        errors += [
-            fielderrors.invalid(f"{path}.name", name, p, device=dev) for p in names.dns_label(name)
-        ]
+    errors = [
+        fielderrors.invalid(f"{path}.name", name, p, device=dev) for p in names.dns_label(name)
+    ]
     attributes = device.get("attributes") or {}
     capacity = device.get("capacity") or {}
     total = len(attributes) + len(capacity)
@@ -150,176 +150,271 @@ def device_errors(path: str, device: Mapping[str, Any], *, per_device: bool) -> 
                 device=dev,
             )
         )
-    values = 0
-    for key, attr in attributes.items():
-        errors += qualified_name_errors(f"{path}.attributes", key, device=dev)
-        errors += _attribute(f"{path}.attributes[{key}]", attr or {}, dev)
-        values += sum(len((attr or {}).get(k) or ()) for k in _LIST_KINDS) or 1
+    values = sum(_value_count(a) for a in attributes.values())
     if values > MAX_ATTRIBUTE_VALUES:
         errors.append(
             fielderrors.invalid(
-                f"{path}.attributes",
+                path,
                 values,
                 f"the total number of attribute values must not exceed {MAX_ATTRIBUTE_VALUES}",
                 device=dev,
             )
         )
+    for key, attr in attributes.items():  # validateMap(attributes, validateQualifiedName, ...)
+        errors += qualified_name_errors(f"{path}.attributes", key, device=dev)
+        errors += _attribute(map_key_path(f"{path}.attributes", key), attr, dev)
     multi = device.get("allowMultipleAllocations") is True
     for key, cap in capacity.items():
         errors += qualified_name_errors(f"{path}.capacity", key, device=dev)
-        errors += _capacity(f"{path}.capacity[{key}]", cap or {}, multi, dev)
-    errors += _taints(f"{path}.taints", device.get("taints") or [], dev)
-    consumes = device.get("consumesCounters") or []
-    if len(consumes) > MAX_CONSUMPTIONS:
-        errors.append(
-            fielderrors.too_many(
-                f"{path}.consumesCounters", len(consumes), MAX_CONSUMPTIONS, device=dev
-            )
-        )
-    for i, use in enumerate(consumes):
-        errors += label_errors(
-            f"{path}.consumesCounters[{i}].counterSet", use.get("counterSet") or ""
-        )
-        errors += counters_errors(
-            f"{path}.consumesCounters[{i}].counters", use.get("counters"), dev
-        )
-    if per_device:
-        errors += node_selection_errors(device, path, allow_per_device=False, device=dev)
-    else:
-        for field in NODE_SELECTION[:3]:
-            if device.get(field) is not None:
-                errors.append(
-                    fielderrors.forbidden(
-                        f"{path}.{field}",
-                        "only allowed when perDeviceNodeSelection is true",
-                        device=dev,
-                    )
-                )
-    errors += _binding(path, device, dev)
+        errors += _capacity(map_key_path(f"{path}.capacity", key), cap, multi, dev)
+    taints = device.get("taints") or []
+    if old is None or (old.get("taints") or []) != taints:  # unchanged taints are not rechecked
+        errors += _taints(f"{path}.taints", taints, dev)
+    errors += _consumptions(f"{path}.consumesCounters", device.get("consumesCounters") or [], dev)
+    errors += _node_selection(path, device, per_device, dev)
+    errors += binding_errors(path, device, dev)
     return errors
 
 
+def _value_count(attr: Mapping[str, Any]) -> int:
+    """Values one attribute contributes: 1 per scalar field set, the length of each list."""
+    return sum(len(attr[k]) if k in _LIST_KINDS else 1 for k in _ATTRIBUTE_FIELDS if k in attr)
+
+
 def _attribute(path: str, attr: Mapping[str, Any], dev: str | None) -> list[FieldError]:
-    given = [k for k in (*_SCALAR_KINDS, *_LIST_KINDS) if attr.get(k) is not None]
-    if len(given) != 1:
-        shown = attr if attr else ""
-        return [fielderrors.invalid(path, shown, "exactly one value must be specified", device=dev)]
-    kind = given[0]
-    value = attr[kind]
-    if kind in _LIST_KINDS and not value:
-        return [fielderrors.required(f"{path}.{kind}", device=dev)]
-    items = (
-        [(f"{path}.{kind}[{i}]", v) for i, v in enumerate(value)]
-        if kind in _LIST_KINDS
-        else [(f"{path}.{kind}", value)]
-    )
+    """``validateDeviceAttribute``: each value checked, then exactly one field set (an empty
+    list counts as set: ``ints: []`` is not ``ints: null``)."""
     errors: list[FieldError] = []
-    for item_path, item in items:
-        if kind in ("string", "strings", "version", "versions"):
-            if len(item.encode()) > MAX_VALUE_LEN:
-                errors.append(fielderrors.too_long(item_path, MAX_VALUE_LEN, device=dev))
-            elif kind.startswith("version") and not semver.is_semver(item):
-                errors.append(fielderrors.invalid(item_path, item, _SEMVER_MSG, device=dev))
+    for kind in ("string", "version"):
+        if kind in attr:
+            errors += _text(f"{path}.{kind}", attr[kind], kind == "version", dev)
+    for kind in _LIST_KINDS:
+        if kind not in attr:
+            continue
+        items = attr[kind]
+        if not items:
+            errors.append(
+                fielderrors.invalid(
+                    f"{path}.{kind}", items, "must not be empty if specified", device=dev
+                )
+            )
+        if kind in ("strings", "versions"):
+            for i, item in enumerate(items):
+                errors += _text(f"{path}.{kind}[{i}]", item, kind == "versions", dev)
+    given = [k for k in _ATTRIBUTE_FIELDS if k in attr]
+    if not given:
+        errors.append(
+            fielderrors.invalid(path, "", "exactly one value must be specified", device=dev)
+        )
+    elif len(given) > 1:
+        errors.append(
+            fielderrors.invalid(
+                path, _go_struct(attr), "exactly one value must be specified", device=dev
+            )
+        )
+    return errors
+
+
+def _go_struct(attr: Mapping[str, Any]) -> fielderrors.Rendered:
+    """The internal DeviceAttribute as the server prints it in this error."""
+    shown = {go: attr.get(field) for field, go in _ATTRIBUTE_FIELDS.items()}
+    return fielderrors.Rendered(json.dumps(shown, separators=(",", ":")))
+
+
+def _text(path: str, value: str, version: bool, dev: str | None) -> list[FieldError]:
+    """``validateDeviceAttributeStringValue`` / ``...VersionValue``: a version must be semver
+    (checked first) and either must fit in 64 bytes; both can be reported."""
+    errors: list[FieldError] = []
+    if version and not semver.is_semver(value):
+        errors.append(fielderrors.invalid(path, value, _SEMVER_MSG, device=dev))
+    if len(value.encode()) > MAX_VALUE_LEN:
+        errors.append(fielderrors.too_long(path, MAX_VALUE_LEN, device=dev))
     return errors
 
 
 def _capacity(path: str, cap: Mapping[str, Any], multi: bool, dev: str | None) -> list[FieldError]:
-    if cap.get("value") is None:
-        return [fielderrors.required(f"{path}.value", device=dev)]
+    """``validateSingleAllocatableDeviceCapacity`` / ``validateMultiAllocatableDeviceCapacity``:
+    the value needs no check (any quantity that decoded is valid); a ``requestPolicy`` only on
+    a device allowing multiple allocations, then checked by :mod:`requestpolicy`."""
     policy = cap.get("requestPolicy")
     if policy is None:
         return []
     if not multi:
         return [
             fielderrors.forbidden(
-                f"{path}.requestPolicy",
-                "allowed only when allowMultipleAllocations is true",
-                device=dev,
+                f"{path}.requestPolicy", "allowMultipleAllocations must be true", device=dev
             )
         ]
-    return requestpolicy.errors(f"{path}.requestPolicy", cap["value"], policy, dev)
+    return requestpolicy.errors(f"{path}.requestPolicy", cap.get("value") or "0", policy, dev)
 
 
 def _taints(path: str, taints: list[Any], dev: str | None) -> list[FieldError]:
-    errors: list[FieldError] = []
+    """``validateSlice(taints, 16, validateDeviceTaint)``: too many short-circuits."""
     if len(taints) > MAX_TAINTS:
-        errors.append(fielderrors.too_many(path, len(taints), MAX_TAINTS, device=dev))
+        return [fielderrors.too_many(path, len(taints), MAX_TAINTS, device=dev)]
+    errors: list[FieldError] = []
     for i, taint in enumerate(taints):
-        key = taint.get("key") or ""
-        if not key:
-            errors.append(fielderrors.required(f"{path}[{i}].key", device=dev))
-        errors += [
-            fielderrors.invalid(f"{path}[{i}].key", key, p, device=dev)
-            for p in (names.label_key(key) if key else ())
-        ]
-        value = taint.get("value") or ""
-        errors += [
-            fielderrors.invalid(f"{path}[{i}].value", value, p, device=dev)
-            for p in names.label_value(value)
-        ]
-        effect = taint.get("effect") or ""
-        if not effect:
-            errors.append(fielderrors.required(f"{path}[{i}].effect", device=dev))
-        elif effect not in TAINT_EFFECTS:
-            errors.append(
-                fielderrors.not_supported(f"{path}[{i}].effect", effect, TAINT_EFFECTS, device=dev)
-            )
+        errors += taint_errors(f"{path}[{i}]", taint, dev)
     return errors
 
 
-def label_errors(path: str, value: str) -> list[FieldError]:
-    if not value:
-        return [fielderrors.required(path)]
-    return [fielderrors.invalid(path, value, p) for p in names.dns_label(value)]
+def taint_errors(path: str, taint: Mapping[str, Any], dev: str | None = None) -> list[FieldError]:
+    """``validateDeviceTaint``: the key is a label name (an empty key fails that check twice,
+    there is no separate "required"), a non-empty value is a label value, the effect is
+    required and one of ``None``, ``NoSchedule``, ``NoExecute``."""
+    errors = metarules.label_name(f"{path}.key", taint.get("key") or "", device=dev)
+    value = taint.get("value") or ""
+    if value:
+        errors += metarules.label_value(f"{path}.value", value, device=dev)
+    effect = taint.get("effect") or ""
+    if not effect:
+        errors.append(fielderrors.required(f"{path}.effect", device=dev))
+    elif effect not in TAINT_EFFECTS:
+        errors.append(
+            fielderrors.not_supported(f"{path}.effect", effect, TAINT_EFFECTS, device=dev)
+        )
+    return errors
 
 
-def counters_errors(
-    path: str, counters: Mapping[str, Any] | None, dev: str | None
+def _consumptions(path: str, consumes: list[Any], dev: str | None) -> list[FieldError]:
+    """``validateSet(consumesCounters, 2, validateDeviceCounterConsumption, counterSet)``."""
+    if len(consumes) > MAX_CONSUMPTIONS:
+        return [fielderrors.too_many(path, len(consumes), MAX_CONSUMPTIONS, device=dev)]
+    errors: list[FieldError] = []
+    for i, use in enumerate(consumes):
+        errors += counter_set_errors(f"{path}[{i}]", use, name_field="counterSet", dev=dev)
+    return errors + duplicates(path, [use.get("counterSet") or "" for use in consumes], dev)
+
+
+def counter_set_errors(
+    path: str, entry: Mapping[str, Any], *, name_field: str, dev: str | None = None
 ) -> list[FieldError]:
+    """``validateCounterSet`` / ``validateDeviceCounterConsumption``: a DNS-label name, and a
+    non-empty map of at most 32 DNS-label counters (any parsed quantity is a valid value)."""
+    errors = label_errors(f"{path}.{name_field}", entry.get(name_field) or "", dev)
+    counters = entry.get("counters") or {}
+    counters_path = f"{path}.counters"
     if not counters:
-        return [fielderrors.required(path, device=dev)]
-    errors: list[FieldError] = []
-    if len(counters) > MAX_COUNTERS:
-        errors.append(fielderrors.too_many(path, len(counters), MAX_COUNTERS, device=dev))
-    for key, counter in counters.items():
-        errors += [fielderrors.invalid(path, key, p, device=dev) for p in names.dns_label(key)]
-        if (counter or {}).get("value") is None:
-            errors.append(fielderrors.required(f"{path}[{key}].value", device=dev))
+        errors.append(fielderrors.required(counters_path, device=dev))
+    elif len(counters) > MAX_COUNTERS:  # validateMap: too many short-circuits
+        errors.append(fielderrors.too_many(counters_path, len(counters), MAX_COUNTERS, device=dev))
+    else:
+        for key in counters:
+            errors += [
+                fielderrors.invalid(counters_path, key, p, device=dev) for p in names.dns_label(key)
+            ]
     return errors
 
 
-def _binding(path: str, device: Mapping[str, Any], dev: str | None) -> list[FieldError]:
+def label_errors(path: str, value: str, dev: str | None = None) -> list[FieldError]:
+    """A required DNS label (``validateCounterName`` with the ``Required`` check before it)."""
+    if not value:
+        return [fielderrors.required(path, device=dev)]
+    return [fielderrors.invalid(path, value, p, device=dev) for p in names.dns_label(value)]
+
+
+def duplicates(path: str, keys: list[Any], dev: str | None = None) -> list[FieldError]:
+    """The uniqueness half of ``validateSet``: ``Duplicate`` at each repeated index."""
+    seen: set[Any] = set()
     errors: list[FieldError] = []
-    conditions = device.get("bindingConditions") or []
-    failures = device.get("bindingFailureConditions") or []
-    for field, items in (("bindingConditions", conditions), ("bindingFailureConditions", failures)):
-        sub = f"{path}.{field}"
-        if len(items) > MAX_BINDING_CONDITIONS:
-            errors.append(fielderrors.too_many(sub, len(items), MAX_BINDING_CONDITIONS, device=dev))
-        seen: set[str] = set()
-        for i, item in enumerate(items):
-            if item in seen:
-                errors.append(fielderrors.duplicate(f"{sub}[{i}]", item, device=dev))
-            seen.add(item)
-            errors += [
-                fielderrors.invalid(f"{sub}[{i}]", item, p, device=dev)
-                for p in names.label_key(item)
+    for i, key in enumerate(keys):
+        if key in seen:
+            errors.append(fielderrors.duplicate(f"{path}[{i}]", key, device=dev))
+        seen.add(key)
+    return errors
+
+
+def _node_selection(
+    path: str, device: Mapping[str, Any], per_device: bool, dev: str | None
+) -> list[FieldError]:
+    """The per-device node selection part of ``validateDevice``."""
+    fields = ("nodeName", "nodeSelector", "allNodes")
+    if not per_device:
+        if any(device.get(f) is not None for f in fields):
+            return [
+                fielderrors.invalid(
+                    path,
+                    None,
+                    "`nodeName`, `nodeSelector` and `allNodes` can only be set if "
+                    "`perDeviceNodeSelection` is set to true in the ResourceSlice spec",
+                    device=dev,
+                )
             ]
-    if bool(conditions) != bool(failures):
+        return []
+    errors: list[FieldError] = []
+    chosen: list[str] = []
+    node = device.get("nodeName")
+    if node is not None:
+        if node:
+            chosen.append("`nodeName`")
+            errors += metarules.node_name(f"{path}.nodeName", node, device=dev)
+        else:
+            errors.append(
+                fielderrors.invalid(f"{path}.nodeName", node, "must not be empty", device=dev)
+            )
+    if device.get("nodeSelector") is not None:
+        chosen.append("`nodeSelector`")
+        errors += metarules.node_selector(f"{path}.nodeSelector", device["nodeSelector"])
+    all_nodes = device.get("allNodes")
+    if all_nodes is True:
+        chosen.append("`allNodes`")
+    elif all_nodes is not None:
         errors.append(
             fielderrors.invalid(
-                path,
-                "",
-                "bindingConditions and bindingFailureConditions must be set together",
+                f"{path}.allNodes", all_nodes, "must be either unset or set to true", device=dev
+            )
+        )
+    if not chosen:
+        errors.append(fielderrors.required(path, _PER_DEVICE_MSG, device=dev))
+    elif len(chosen) > 1:
+        shown = "{" + ", ".join(chosen) + "}"
+        errors.append(fielderrors.invalid(path, shown, _PER_DEVICE_MSG, device=dev))
+    return errors
+
+
+def binding_errors(path: str, device: Mapping[str, Any], dev: str | None) -> list[FieldError]:
+    """``validateDeviceBindingParameters``."""
+    conditions = device.get("bindingConditions") or []
+    failures = device.get("bindingFailureConditions") or []
+    errors: list[FieldError] = []
+    for field, items in (("bindingConditions", conditions), ("bindingFailureConditions", failures)):
+        sub = f"{path}.{field}"
+        if len(items) > MAX_BINDING_CONDITIONS:  # validateSlice: too many short-circuits
+            errors.append(fielderrors.too_many(sub, len(items), MAX_BINDING_CONDITIONS, device=dev))
+            continue
+        for i, item in enumerate(items):
+            errors += metarules.label_name(f"{sub}[{i}]", item, device=dev)
+    errors += duplicates(f"{path}.bindingConditions", conditions, dev)
+    seen: set[str] = set()
+    for i, item in enumerate(failures):
+        sub = f"{path}.bindingFailureConditions[{i}]"
+        if item in seen:
+            errors.append(fielderrors.duplicate(sub, item, device=dev))
+        seen.add(item)
+        if item in conditions:
+            errors.append(
+                fielderrors.invalid(
+                    sub,
+                    item,
+                    "bindingFailureConditions must not overlap with bindingConditions",
+                    device=dev,
+                )
+            )
+    if not conditions and failures:
+        errors.append(
+            fielderrors.invalid(
+                f"{path}.bindingConditions",
+                None,
+                "bindingConditions are required to use bindingFailureConditions",
                 device=dev,
             )
         )
-    for item in set(conditions) & set(failures):
+    if not failures and conditions:
         errors.append(
             fielderrors.invalid(
                 f"{path}.bindingFailureConditions",
-                item,
-                "must not also be a binding condition",
+                None,
+                "bindingFailureConditions are required to use bindingConditions",
                 device=dev,
             )
         )

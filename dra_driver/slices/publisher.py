@@ -74,7 +74,7 @@ class Publisher:
         # (content, generation) of a pass whose writes failed: its retry keeps the generation
         self._pending: tuple[str, int] | None = None
         self.synced = threading.Event()
-        self.passes = 0
+        self.passes = 0  # successful reconcile passes (tests wait on it)
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ control

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import refdata
 
 from dra_driver.allocation import cel
 
@@ -280,8 +281,7 @@ def test_as_integer_overflow_is_an_error() -> None:
 
 
 def _reference_dir() -> Path:
-    repo_root = Path(__file__).resolve().parents[2]
-    return repo_root.parent / "shared" / "reference"
+    return refdata.REFERENCE
 
 
 def _selectors(kind: str, spec: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
@@ -304,6 +304,8 @@ def _selectors(kind: str, spec: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
 
 
 def _verdict_cases() -> list[Any]:
+    if not refdata.available():
+        return refdata.placeholder(argnames=4)
     params = []
     for kind in ("deviceclasses", "resourceclaims"):
         path = _reference_dir() / "apiserver-verdicts" / f"{kind}.json"
@@ -329,6 +331,7 @@ def _server_reason(message: str, field: str) -> str | None:
     return message[end:].removeprefix(": ")
 
 
+@refdata.MARK
 @pytest.mark.parametrize(("kind", "field", "expression", "case"), _verdict_cases())
 def test_compile_agrees_with_api_server(
     kind: str, field: str, expression: str, case: dict[str, Any]

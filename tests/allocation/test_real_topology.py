@@ -29,9 +29,13 @@ from dra_driver.slices import build
 
 DRIVER = "gpu.nvidia.com"
 NODE = "topo-node"
-DATA = refdata.load("real-topology-allocations.json")
+pytestmark = refdata.MARK
+
+DATA = refdata.load_json("real-topology-allocations.json") if refdata.available() else None
 CASES: list[dict[str, Any]] = DATA["cases"] if DATA else []
-IDS = [c["case"] for c in CASES]
+PARAMS = (
+    [pytest.param(c, id=c["case"]) for c in CASES] if refdata.available() else refdata.placeholder()
+)
 
 
 @functools.cache
@@ -80,12 +84,12 @@ def _write(path: Path, *docs: Any) -> str:
 
 
 def test_the_recorded_cases_are_there() -> None:
-    data = refdata.require("real-topology-allocations.json")
+    data = refdata.load_json("real-topology-allocations.json")
     assert len(data["cases"]) >= 40
     assert any(c["schedulerAllocated"] is None for c in data["cases"])
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", PARAMS)
 def test_simulate_prints_the_recorded_pick(
     case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -112,7 +116,7 @@ def test_simulate_prints_the_recorded_pick(
     assert {r["request"] for r in results} == {"gpus"}
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", PARAMS)
 def test_the_same_pick_on_the_slices_we_publish_now(case: dict[str, Any]) -> None:
     devices = _devices(case["profile"])
     outcome = allocator.allocate(
@@ -132,7 +136,7 @@ def test_the_same_pick_on_the_slices_we_publish_now(case: dict[str, Any]) -> Non
     assert outcome.score is not None and outcome.score[0] == case["nvlinkLinksOfPick"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", PARAMS)
 def test_the_generated_claim_gets_the_best_links(case: dict[str, Any]) -> None:
     devices = _devices(case["profile"])
     count = case["claimSpec"]["devices"]["requests"][0]["exactly"]["count"]

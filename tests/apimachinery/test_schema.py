@@ -1,24 +1,32 @@
-"""Our compact field layout (strict decoding) matches the ``resource.k8s.io/v1`` OpenAPI
-document field for field, so an unknown field is refused exactly where the server refuses it."""
+"""Strict decoding as a v1.36 API server does it: our compact field layout matches the 1.36 JSON
+schemas field for field (so an unknown field is refused exactly where the server refuses it), and
+the JSON type rules of Go's decoder: what fails decoding (400) and what decodes and goes on to
+validation."""
 
 from __future__ import annotations
 
+import functools
 import json
-from pathlib import Path
+import os
 from typing import Any
 
+import kubernetes_validate
 import pytest
 
-from dra_driver.apimachinery import schema
+from dra_driver.apimachinery import fielderrors, schema
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
-OPENAPI = REFERENCE / "apis__resource.k8s.io__v1_openapi.json"
+# The Kubernetes 1.36 JSON schemas shipped by the kubernetes-validate dev dependency.
+SCHEMAS_136 = os.path.join(
+    os.path.dirname(kubernetes_validate.__file__),
+    "kubernetes-json-schema",
+    "v1.36.0-local-strict",
+    "_definitions.json",
+)
 PREFIXES = (
     "io.k8s.api.resource.v1.",
     "io.k8s.apimachinery.pkg.apis.meta.v1.",
     "io.k8s.api.core.v1.",
 )
-SCALARS = {"string": "string", "boolean": "bool", "integer": "int"}
 SPECIAL = {
     "Quantity": "quantity",
     "Time": "time",
@@ -28,40 +36,215 @@ SPECIAL = {
 }
 
 
-def components() -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(OPENAPI.read_text(encoding="utf-8"))
-    return dict(doc["components"]["schemas"])
-
-
-def short(ref: str) -> str:
-    return ref.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
+@functools.cache
+def definitions() -> dict[str, Any]:
+    with open(SCHEMAS_136, encoding="utf-8") as f:
+        defs: dict[str, Any] = json.load(f)["$defs"]
+    return defs
 
 
 def notation(prop: dict[str, Any]) -> str:
-    """The OpenAPI property in our type notation."""
+    """A 1.36 schema property in our type notation."""
     ref = prop.get("$ref") or (prop.get("allOf") or [{}])[0].get("$ref")
     if ref:
-        name = short(ref)
+        name = ref.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
         return SPECIAL.get(name, name)
     kind = prop.get("type")
+    kind = next(k for k in kind if k != "null") if isinstance(kind, list) else kind
     if kind == "array":
         return f"[{notation(prop['items'])}]"
     if kind == "object":
         return "{" + notation(prop["additionalProperties"]) + "}"
-    return SCALARS[kind]
+    return {"string": "string", "boolean": "bool", "integer": "int"}[kind]
 
 
 @pytest.mark.parametrize("type_name", sorted(schema.TYPES))
-def test_layout_matches_openapi(type_name: str) -> None:
-    schemas = components()
+def test_layout_matches_the_136_schemas(type_name: str) -> None:
     matches = [
-        v
-        for k, v in schemas.items()
-        if k.startswith(PREFIXES) and k.rsplit(".", 1)[-1] == type_name
+        definitions()[prefix + type_name]
+        for prefix in PREFIXES
+        if prefix + type_name in definitions()
     ]
-    assert matches, f"{type_name} not in the OpenAPI document"
+    assert matches, f"{type_name} not in the 1.36 schemas"
     expected = {name: notation(p) for name, p in matches[0]["properties"].items()}
     assert schema.TYPES[type_name] == expected
+
+
+def slice_obj(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "driver": "gpu.nvidia.com",
+        "nodeName": "n1",
+        "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+        "devices": [{"name": "gpu-0", "capacity": {"memory": {"value": "80Gi"}}}],
+    }
+    base.update(spec)
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "spec": base}
+
+
+def decode(obj: dict[str, Any]) -> list[str]:
+    return [e.detail for e in schema.decode_errors("ResourceSlice", obj)]
+
+
+@pytest.mark.parametrize(
+    "field", ["skipNodeOperations", "partitionTypeAttribute"]
+)  # master fields a 1.36 server does not know
+def test_fields_newer_than_136_are_unknown(field: str) -> None:
+    obj = slice_obj(**{field: "x"})
+    assert decode(obj) == [f'unknown field "spec.{field}"']
+    device = slice_obj()["spec"]["devices"][0]
+    device["nodeAllocatableResources"] = {}
+    assert decode(slice_obj(devices=[device])) == [
+        'unknown field "spec.devices[0].nodeAllocatableResources"'
+    ]
+
+
+def test_136_alpha_field_node_allocatable_resource_mappings_is_known() -> None:
+    device = {"name": "gpu-0", "nodeAllocatableResourceMappings": {"cpu": {"capacityKey": "c"}}}
+    assert decode(slice_obj(devices=[device])) == []
+
+
+@pytest.mark.parametrize(
+    "value", ["80Gi", 80, 1.5, " 80Gi ", "1e3", -1, 0]
+)  # Quantity.UnmarshalJSON: a string (trimmed) or a bare JSON number
+def test_quantity_accepts_strings_and_numbers(value: Any) -> None:
+    device = {"name": "gpu-0", "capacity": {"memory": {"value": value}}}
+    assert decode(slice_obj(devices=[device])) == []
+
+
+@pytest.mark.parametrize("value", ["lots", "", True, [], {}, "1.2.3"])
+def test_quantity_rejects_what_parse_quantity_rejects(value: Any) -> None:
+    device = {"name": "gpu-0", "capacity": {"memory": {"value": value}}}
+    (detail,) = decode(slice_obj(devices=[device]))
+    assert detail.startswith("quantities must match the regular expression")
+
+
+def test_a_quantity_given_as_a_number_is_stored_as_a_string() -> None:
+    device = {"name": "gpu-0", "capacity": {"memory": {"value": 80}}}
+    stored = schema.storage_form("ResourceSlice", slice_obj(devices=[device]))
+    assert stored["spec"]["devices"][0]["capacity"]["memory"]["value"] == "80"
+
+
+@pytest.mark.parametrize(
+    ("pool", "message"),
+    [
+        (
+            {"name": "n1", "generation": "1", "resourceSliceCount": 1},
+            "json: cannot unmarshal string into Go struct field ResourcePool.spec.pool.generation"
+            " of type int64",
+        ),
+        (
+            {"name": "n1", "generation": 1, "resourceSliceCount": 1.5},
+            "json: cannot unmarshal number 1.5 into Go struct field"
+            " ResourcePool.spec.pool.resourceSliceCount of type int64",
+        ),
+        (  # an integral float is still not an integer to strconv.ParseInt
+            {"name": "n1", "generation": 2.0, "resourceSliceCount": 1},
+            "json: cannot unmarshal number 2.0 into Go struct field"
+            " ResourcePool.spec.pool.generation of type int64",
+        ),
+        (
+            {"name": "n1", "generation": 2**63, "resourceSliceCount": 1},
+            f"json: cannot unmarshal number {2**63} into Go struct field"
+            " ResourcePool.spec.pool.generation of type int64",
+        ),
+        (
+            {"name": 7, "generation": 1, "resourceSliceCount": 1},
+            "json: cannot unmarshal number into Go struct field ResourcePool.spec.pool.name"
+            " of type string",
+        ),
+        (
+            {"name": "n1", "generation": True, "resourceSliceCount": 1},
+            "json: cannot unmarshal bool into Go struct field ResourcePool.spec.pool.generation"
+            " of type int64",
+        ),
+    ],
+)
+def test_int64_and_string_fields_take_only_their_json_type(
+    pool: dict[str, Any], message: str
+) -> None:
+    assert decode(slice_obj(pool=pool)) == [message]
+
+
+def test_int64_bounds_are_accepted() -> None:
+    for value in (2**63 - 1, -(2**63)):
+        assert decode(slice_obj(pool={"name": "n1", "generation": value})) == []
+
+
+def test_bool_fields_reject_strings_and_lists_reject_objects() -> None:
+    assert decode(slice_obj(nodeName=None, allNodes="true")) == [
+        "json: cannot unmarshal string into Go struct field ResourceSliceSpec.spec.allNodes"
+        " of type bool"
+    ]
+    assert decode(slice_obj(devices={"name": "gpu-0"})) == [
+        "json: cannot unmarshal object into Go struct field ResourceSliceSpec.spec.devices"
+        " of type []v1.Device"
+    ]
+    device = {"name": "gpu-0", "bindingConditions": [1]}
+    assert decode(slice_obj(devices=[device])) == [
+        "json: cannot unmarshal number into Go struct field Device.spec.devices.bindingConditions"
+        " of type string"
+    ]
+
+
+def test_a_type_error_comes_alone_and_the_first_one_wins_over_unknown_fields() -> None:
+    obj = slice_obj(pool={"name": 1, "generation": "x"}, extra=True)
+    (only,) = schema.decode_errors("ResourceSlice", obj)
+    assert only.path == "spec.pool.name" and only.status == 400
+    status, message = fielderrors.status_message("ResourceSlice", "x", [only])
+    assert status == 400 and "strict decoding error" not in message
+
+
+def test_unknown_fields_are_all_reported_together() -> None:
+    obj = slice_obj(extra=True)
+    obj["spec"]["devices"][0]["basic"] = {}
+    assert decode(obj) == ['unknown field "spec.devices[0].basic"', 'unknown field "spec.extra"']
+    _, message = fielderrors.status_message(
+        "ResourceSlice", "x", schema.decode_errors("ResourceSlice", obj)
+    )
+    assert message.endswith(
+        'strict decoding error: unknown field "spec.devices[0].basic", unknown field "spec.extra"'
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("2026-11-22T00:00:00Z", True),
+        ("2026-11-22T00:00:00.123456Z", True),
+        ("2026-11-22T00:00:00+05:30", True),
+        ("2026-11-22t00:00:00Z", False),  # Go's RFC 3339 layout wants an upper-case T
+        ("2026-11-22T00:00:00z", False),
+        ("2026-11-22T00:00:00", False),  # no zone
+        ("2026-02-30T00:00:00Z", False),  # no such day
+        ("2026-11-22T24:00:00Z", False),
+        ("2026-11-22", False),
+    ],
+)
+def test_times_must_be_rfc3339_as_go_parses_it(value: str, ok: bool) -> None:
+    device = {"name": "gpu-0", "taints": [{"key": "k", "effect": "None", "timeAdded": value}]}
+    errors = decode(slice_obj(devices=[device]))
+    assert (errors == []) == ok, errors
+
+
+def test_a_time_that_is_not_a_string_fails_like_go() -> None:
+    device = {"name": "gpu-0", "taints": [{"key": "k", "effect": "None", "timeAdded": 5}]}
+    assert decode(slice_obj(devices=[device])) == [
+        "json: cannot unmarshal number into Go value of type string"
+    ]
+
+
+def test_null_is_the_zero_value_everywhere() -> None:
+    obj = slice_obj(devices=[None, {"name": None, "attributes": {"a": None}}], allNodes=None)
+    assert decode(obj) == []
+    spec = schema.decoded("ResourceSlice", obj)["spec"]
+    assert spec["devices"] == [{}, {"attributes": {"a": {}}}]
+    assert "allNodes" not in spec
+
+
+def test_empty_lists_survive_decoding_for_validation() -> None:
+    device = {"name": "gpu-0", "attributes": {"l": {"ints": []}}}
+    spec = schema.decoded("ResourceSlice", slice_obj(devices=[device]))["spec"]
+    assert spec["devices"][0]["attributes"]["l"] == {"ints": []}
 
 
 def test_every_resource_type_reachable_from_the_three_kinds_is_described() -> None:
@@ -89,4 +272,134 @@ def test_storage_form_drops_empty_fields_but_keeps_free_json() -> None:
         "metadata": {"name": "x"},
     }
     cls = {"spec": {"config": [{"opaque": {"driver": "d", "parameters": {}}}]}}
+    assert schema.storage_form("DeviceClass", cls) == cls
+
+
+def test_maps_take_only_objects_and_their_values_are_decoded_with_their_struct() -> None:
+    device = {"name": "gpu-0", "attributes": "x"}
+    assert decode(slice_obj(devices=[device])) == [
+        "json: cannot unmarshal string into Go struct field Device.spec.devices.attributes"
+        " of type map[string]v1.DeviceAttribute"
+    ]
+    device = {"name": "gpu-0", "attributes": {"a": {"int": "1"}}}
+    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    assert error.path == "spec.devices[0].attributes[a].int"
+    assert error.detail == (
+        "json: cannot unmarshal string into Go struct field DeviceAttribute"
+        ".spec.devices.attributes.int of type int64"
+    )
+    assert decode(slice_obj(devices=[{"name": "gpu-0", "attributes": {"a": []}}])) == [
+        "json: cannot unmarshal array into Go struct field Device.spec.devices.attributes"
+        " of type v1.DeviceAttribute"
+    ]
+    assert decode(slice_obj(driver=["d"])) == [
+        "json: cannot unmarshal array into Go struct field ResourceSliceSpec.spec.driver"
+        " of type string"
+    ]
+
+
+def test_decode_error_paths_name_the_field() -> None:
+    device = {"name": "gpu-0", "taints": [{"key": "k", "effect": "None", "timeAdded": "x"}]}
+    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    assert error.path == "spec.devices[0].taints[0].timeAdded"
+    assert error.detail.startswith('parsing time "x" as "2006-01-02T15:04:05Z07:00"')
+    device["taints"][0]["timeAdded"] = 7
+    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    assert error.path == "spec.devices[0].taints[0].timeAdded"
+    obj = slice_obj()
+    obj["spec"]["pool"]["extra"] = 1
+    (error,) = schema.decode_errors("ResourceSlice", obj)
+    assert (error.path, error.status) == ("spec.pool.extra", 400)
+    (error,) = schema.decode_errors("ResourceSlice", ["not", "an", "object"])
+    assert (error.path, error.detail) == ("", "expected a JSON object for ResourceSlice")
+
+
+def test_a_quantity_error_quotes_the_reason_only() -> None:
+    device = {"name": "gpu-0", "capacity": {"memory": {"value": "a: b"}}}
+    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    assert error.detail.startswith("quantities must match the regular expression")
+    device["capacity"]["memory"]["value"] = "Ei"
+    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    assert error.detail.startswith("unable to parse numeric part of quantity")
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("2026-11-22T00:00:59Z", True),
+        ("2026-11-22T00:00:60Z", False),  # seconds are range-checked too
+        ("2026-11-22T23:59:00+23:59", True),
+        ("2026-11-22T00:00:00+24:00", False),
+        ("2026-11-22T00:00:00-05:60", False),
+        ("2026-13-01T00:00:00Z", False),
+    ],
+)
+def test_time_fields_and_offsets_are_range_checked(value: str, ok: bool) -> None:
+    device = {"name": "gpu-0", "taints": [{"key": "k", "effect": "None", "timeAdded": value}]}
+    assert (decode(slice_obj(devices=[device])) == []) is ok
+
+
+def test_null_list_items_and_map_values_are_zero_values_of_their_type() -> None:
+    device = {
+        "name": "gpu-0",
+        "bindingConditions": [None],
+        "attributes": {"i": {"ints": [None]}, "b": {"bools": [None]}, "s": {"strings": [None]}},
+        "consumesCounters": [{"counterSet": "s", "counters": {"c": None}}],
+    }
+    spec = schema.decoded("ResourceSlice", slice_obj(devices=[device]))["spec"]
+    got = spec["devices"][0]
+    assert got["bindingConditions"] == [""]
+    assert got["attributes"] == {
+        "i": {"ints": [0]},
+        "b": {"bools": [False]},
+        "s": {"strings": [""]},
+    }
+    assert got["consumesCounters"] == [{"counterSet": "s", "counters": {"c": {}}}]
+    claim = {
+        "spec": {"devices": {"requests": [{"exactly": {"capacity": {"requests": {"m": None}}}}]}}
+    }
+    requests = schema.decoded("ResourceClaim", claim)["spec"]["devices"]["requests"]
+    assert requests[0]["exactly"]["capacity"]["requests"] == {"m": "0"}
+
+
+def test_storage_form_prunes_inside_lists_and_maps() -> None:
+    obj = slice_obj(devices=[{"name": "gpu-0", "taints": [], "attributes": {"a": {"int": 1}}}])
+    obj["spec"]["devices"].append({"name": "gpu-1", "capacity": {"m": {"value": 80}}})
+    stored = schema.storage_form("ResourceSlice", obj)
+    assert stored["spec"]["devices"] == [
+        {"name": "gpu-0", "attributes": {"a": {"int": 1}}},
+        {"name": "gpu-1", "capacity": {"m": {"value": "80"}}},
+    ]
+
+
+def test_mismatches_of_lists_maps_and_structs_name_the_field_and_the_json_type() -> None:
+    cases = [
+        (slice_obj(devices="x"), "spec.devices", "string", "[]v1.Device"),
+        (
+            slice_obj(devices=[{"name": "gpu-0", "attributes": 3}]),
+            "spec.devices[0].attributes",
+            "number",
+            "map[string]v1.DeviceAttribute",
+        ),
+        (slice_obj(pool="n1"), "spec.pool", "string", "v1.ResourcePool"),
+    ]
+    for obj, path, got, go_type in cases:
+        (error,) = schema.decode_errors("ResourceSlice", obj)
+        assert error.path == path
+        assert error.detail.startswith(f"json: cannot unmarshal {got} into Go struct field ")
+        assert error.detail.endswith(f" of type {go_type}")
+
+
+def test_minutes_are_range_checked() -> None:
+    device = {"name": "gpu-0", "taints": [{"key": "k", "effect": "None"}]}
+    device["taints"][0]["timeAdded"] = "2026-11-22T00:60:00Z"
+    assert decode(slice_obj(devices=[device])) != []
+
+
+def test_storage_trims_quantities_and_keeps_free_json_whole() -> None:
+    device = {"name": "gpu-0", "capacity": {"memory": {"value": " 80Gi "}}}
+    stored = schema.storage_form("ResourceSlice", slice_obj(devices=[device]))
+    assert stored["spec"]["devices"][0]["capacity"]["memory"]["value"] == "80Gi"
+    params = {"a": {}, "b": [], "c": None, "d": {"e": []}}
+    cls = {"spec": {"config": [{"opaque": {"driver": "d", "parameters": params}}]}}
     assert schema.storage_form("DeviceClass", cls) == cls

@@ -11,6 +11,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import refdata
 import referencing
 import referencing.jsonschema
 
@@ -22,7 +23,7 @@ from dra_driver.fakeapi import memory
 
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
+REFERENCE = refdata.REFERENCE
 
 
 def new_uid() -> str:

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import refdata
 
 from dra_driver import app, logs
 from dra_driver.devices import control, fake
 from dra_driver.driver import checkpoint, sharing
 
-from .conftest import REFERENCE, Node, claim_obj, gpu_config, new_uid, opaque, ref_of
+from .conftest import Node, claim_obj, gpu_config, new_uid, opaque, ref_of
 
-REAL = json.loads((REFERENCE / "real-allocations.json").read_text())
-POOL = REAL["slice"]["spec"]["pool"]["name"]
-REAL_CLAIMS = {c["metadata"]["name"]: c for c in REAL["claims"]}
+# The pool (and node) of real-allocations.json; checked against the file by a fixture test.
+POOL = "shape-n1"
 CRASHED = 86
 
 
@@ -113,8 +113,14 @@ def rig(rig_factory: Callable[..., Rig]) -> Rig:
     return rig_factory()
 
 
+@refdata.MARK
+def test_pool_is_the_one_of_the_recorded_allocations() -> None:
+    assert refdata.real_allocations()["slice"]["spec"]["pool"]["name"] == POOL
+
+
 def _real(name: str, interval: str | None = None) -> dict[str, Any]:
-    claim: dict[str, Any] = copy.deepcopy(REAL_CLAIMS[name])
+    real = refdata.real_allocations()["claims"]
+    claim: dict[str, Any] = copy.deepcopy(next(c for c in real if c["metadata"]["name"] == name))
     if interval is not None:
         for entry in claim["status"]["allocation"]["devices"]["config"]:
             params = entry["opaque"]["parameters"]
@@ -123,6 +129,7 @@ def _real(name: str, interval: str | None = None) -> dict[str, Any]:
     return claim
 
 
+@refdata.MARK
 def test_real_claim_time_slices_infer_and_leaves_train_exclusive(rig: Rig) -> None:
     ref = rig.node.add(_real("two-requests-with-config"))
     assert rig.node.driver.prepare([ref])[ref.uid].error == ""
@@ -140,6 +147,7 @@ def test_real_claim_time_slices_infer_and_leaves_train_exclusive(rig: Rig) -> No
     assert rig.sharing().applied() == {}
 
 
+@refdata.MARK
 def test_interval_is_applied_and_unprepare_restores_the_default_idempotently(rig: Rig) -> None:
     ref = rig.node.add(_real("two-requests-with-config", interval="Long"))
     assert rig.node.driver.prepare([ref])[ref.uid].error == ""

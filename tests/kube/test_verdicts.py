@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import refdata
 
 from dra_driver.allocation import cel
 from dra_driver.apimachinery import fielderrors
@@ -23,6 +24,8 @@ from dra_driver.kube import api, client
 from dra_driver.slices import validate
 
 from . import verdicts
+
+pytestmark = refdata.MARK
 
 SLICES = verdicts.params("resourceslices")
 CLAIMS = verdicts.params("resourceclaims")

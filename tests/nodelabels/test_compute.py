@@ -66,7 +66,7 @@ EXPECTED = {
 def assert_valid(labels: dict[str, str]) -> None:
     for key, value in labels.items():
         assert key.startswith("nvidia.com/"), key
-        assert names.label_key(key) == [], key
+        assert names.qualified_name(key) == [], key
         assert names.label_value(value) == [], (key, value)
 
 

@@ -5,14 +5,12 @@ strictly: every object schema that lists properties also forbids unknown ones (t
 from __future__ import annotations
 
 import functools
-import json
-from pathlib import Path
 from typing import Any
 
 import jsonschema
+import refdata
 
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
-OPENAPI = REFERENCE / "apis__resource.k8s.io__v1_openapi.json"
+OPENAPI = refdata.path("apis__resource.k8s.io__v1_openapi.json")
 
 
 def _strict(node: Any) -> Any:
@@ -28,7 +26,7 @@ def _strict(node: Any) -> Any:
 
 @functools.cache
 def document() -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(OPENAPI.read_text(encoding="utf-8"))
+    doc: dict[str, Any] = refdata.load_json(OPENAPI.name)
     return doc
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import refdata
 
 from dra_driver import deviceclasses
 from dra_driver.allocation import cel
@@ -33,9 +34,15 @@ def test_deployment_copies_match_the_package_data_byte_for_byte() -> None:
 def test_classes_pass_schema_and_server_rules(name: str) -> None:
     obj = deviceclasses.load(name)
     assert obj["metadata"]["name"] == name
+    assert kubernetes_validate.validate(obj, "1.36.0", strict=True)
     assert kubernetes_validate.validate(obj, "1.37.0", strict=True)
-    assert openapi.errors(obj, "DeviceClass") == []
     memory.InMemoryApi().create_device_class(obj)
+
+
+@refdata.MARK
+@pytest.mark.parametrize("name", deviceclasses.names())
+def test_classes_pass_the_reference_openapi_document(name: str) -> None:
+    assert openapi.errors(deviceclasses.load(name), "DeviceClass") == []
 
 
 @pytest.mark.parametrize(

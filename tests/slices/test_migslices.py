@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import kubernetes_validate
 import pytest
+import refdata
 
 from dra_driver.apimachinery import names
 from dra_driver.apimachinery import quantity as qty
@@ -48,9 +49,16 @@ def test_slices_with_counters_are_valid(profile: str) -> None:
     assert built.problems == []
     for obj in built.slices:
         assert kubernetes_validate.validate(obj, "1.37.0", strict=True)
-        assert openapi.errors(obj) == []
         assert validate.validate(obj) == []
     assert migslices.check_references(built.slices, _parse) == []
+
+
+@refdata.MARK
+@pytest.mark.parametrize("profile", ["h100-mig", "a100-mig"])
+def test_slices_with_counters_pass_the_reference_openapi_document(profile: str) -> None:
+    devices = fake.FakeBackend.from_name(profile).discover()
+    for obj in build.build(devices, node_name="n1", node_uid="uid-n1", dynamic_mig=ALL).slices:
+        assert openapi.errors(obj) == []
 
 
 def test_h100_gpu_counters_and_one_device_per_placement() -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import kubernetes_validate
+import refdata
+
 from dra_driver.devices import health, model
 from dra_driver.slices import build, gpusets, taints, validate
 
@@ -61,6 +64,14 @@ def test_unhealthy_gpu_is_tainted_and_the_slices_stay_valid() -> None:
     assert all("taints" not in d for name, d in found.items() if name not in holding)
     for s in result.slices:
         assert validate.validate(s) == []
+        assert kubernetes_validate.validate(s, "1.36.0", strict=True)
+
+
+@refdata.MARK
+def test_tainted_slices_pass_the_reference_openapi_document() -> None:
+    devices = devices_of("dgx-h100")
+    result = built(devices, board_with({devices.gpu(3).uuid: [XID79, PAGES]}))
+    for s in result.slices:
         assert openapi.errors(s) == []
 
 

@@ -1,0 +1,149 @@
+"""The layering rule, enforced: the driver core (discovery, slices, preparation, CDI, checkpoint)
+and the API machinery below it import neither gRPC nor protobuf nor the Kubernetes client, not
+even through one of our own modules; the allocation layer imports neither gRPC nor the client,
+and reaches protobuf only through its CEL engine (cel-expr-python's values are protobuf
+messages). Two checks: the static import graph of our sources (every ``import``, also inside
+functions, followed through our own modules, the chain shown on failure), and what importing
+each layer really loads in a fresh interpreter."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dra_driver"
+GRPC, PROTOBUF, CLIENT = "grpc", "google.protobuf", "kubernetes"
+CORE = ("devices", "slices", "driver", "apimachinery")
+# Our own adapter packages: the gRPC servers and stubs, and the Kubernetes client wrapper.
+ADAPTERS = (
+    "dra_driver.pb",
+    "dra_driver.kubelet",
+    "dra_driver.deviceplugin",
+    "dra_driver.kube.client",
+)
+# Where the allocation layer may reach protobuf: its CEL environment, nothing else.
+CEL_ENGINE = "dra_driver.allocation.cel_env"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.cache
+def sources() -> dict[str, Path]:
+    return {
+        module_name(p): p
+        for p in PACKAGE.rglob("*.py")
+        if "pb" not in p.relative_to(PACKAGE).parts[:1]
+    }
+
+
+def _resolve(importer: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = importer.split(".")
+    is_package = sources()[importer].name == "__init__.py"
+    base = package if is_package else package[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+@functools.cache
+def imports(module: str) -> frozenset[str]:
+    """Everything ``module`` imports (modules, not attributes), ``TYPE_CHECKING`` included."""
+    tree = ast.parse(sources()[module].read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, node)
+            found.add(base)
+            for alias in node.names:  # ``from pkg import module``
+                if f"{base}.{alias.name}" in sources():
+                    found.add(f"{base}.{alias.name}")
+    return frozenset(found)
+
+
+def chains(start: str) -> dict[str, list[str]]:
+    """Every module reachable from ``start`` (ours and third-party), with one import chain."""
+    seen: dict[str, list[str]] = {start: [start]}
+    todo = [start]
+    while todo:
+        current = todo.pop()
+        for target in sorted(imports(current)):
+            if target in seen:
+                continue
+            seen[target] = [*seen[current], target]
+            if target in sources():
+                todo.append(target)
+    return seen
+
+
+def layer_modules(package: str) -> list[str]:
+    return sorted(m for m in sources() if m == package or m.startswith(package + "."))
+
+
+def offenders(reach: dict[str, list[str]], banned: tuple[str, ...]) -> list[str]:
+    return [
+        " -> ".join(chain)
+        for target, chain in reach.items()
+        if any(target == b or target.startswith(b + ".") for b in banned)
+    ]
+
+
+@pytest.mark.parametrize("layer", CORE)
+def test_core_imports_no_grpc_protobuf_or_kubernetes_client(layer: str) -> None:
+    modules = layer_modules(f"dra_driver.{layer}")
+    assert modules, layer
+    bad = [
+        chain
+        for module in modules
+        for chain in offenders(chains(module), (GRPC, PROTOBUF, CLIENT, *ADAPTERS))
+    ]
+    assert bad == [], "the driver core must not import these:\n" + "\n".join(bad)
+
+
+def test_allocation_imports_no_grpc_or_client_and_protobuf_only_for_cel() -> None:
+    bad = []
+    for module in layer_modules("dra_driver.allocation"):
+        reach = chains(module)
+        bad += offenders(reach, (GRPC, CLIENT, *ADAPTERS))
+        bad += [c for c in offenders(reach, (PROTOBUF,)) if CEL_ENGINE not in c.split(" -> ")[-2:]]
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_graph_sees_imports_inside_functions_and_follows_our_modules() -> None:
+    # The checks above are only as good as the graph: some imports are made lazily.
+    assert "dra_driver.devices.nvml" in imports("dra_driver.cli.common")  # inside a function
+    assert "google.protobuf" in chains(CEL_ENGINE)
+    assert offenders(chains("dra_driver.kubelet.server"), (GRPC,))
+
+
+LOADED = """
+import importlib, json, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("grpc", "kubernetes")
+                        or m.startswith("google.protobuf"))))
+"""
+
+
+@pytest.mark.parametrize("layer", CORE)
+def test_importing_the_core_loads_none_of_them(layer: str) -> None:
+    modules = layer_modules(f"dra_driver.{layer}")
+    out = subprocess.run(
+        [sys.executable, "-c", LOADED, *modules],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(out.stdout) == []
