@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from dra_driver import logs  # noqa: E402
 from dra_driver.devices import fake, model, profiles  # noqa: E402
-from dra_driver.kube import memory  # noqa: E402
+from dra_driver.fakeapi import memory  # noqa: E402
 from dra_driver.slices import build, publisher  # noqa: E402
 
 DRIVER = "gpu.nvidia.com"
