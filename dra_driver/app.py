@@ -93,6 +93,7 @@ class PluginSettings:
     node_labels_resync_s: float = 60.0
     health: healthpolicy.HealthPolicy = dataclasses.field(default_factory=healthpolicy.HealthPolicy)
     shareable: shares.Shareable = shares.NONE  # GPUs published with consumable capacity
+    gpu_sets: bool = True  # NVLink GPU sets and their per-GPU counters (--gpu-sets)
     mps_check_interval_s: float = 10.0  # how often dead MPS daemons are looked for (0 = never)
 
     @property
@@ -343,6 +344,7 @@ def start_publisher(
         board=board,
         dynamic_mig=settings.dynamic,
         shareable=settings.shareable,
+        gpu_sets=settings.gpu_sets,
     )
     if readiness is not None:
         readiness.set_check("slices_published", node.published)

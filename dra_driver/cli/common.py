@@ -72,6 +72,26 @@ def add_dynamic_mig_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_gpu_sets_flag(parser: argparse.ArgumentParser) -> None:
+    """``--gpu-sets true|false`` (env ``GPU_SETS``): publish NVLink GPU sets and the per-GPU
+    counters they share (docs/topology.md). Off for clusters older than 1.36, whose API servers
+    drop counters unless DRAPartitionableDevices is on: there a set and its member GPUs could
+    be handed out twice."""
+    from dra_driver.cli import env_default, labelflags
+
+    parser.add_argument(
+        "--gpu-sets",
+        type=labelflags.parse_bool,
+        nargs="?",
+        const="true",
+        default=env_default("GPU_SETS", "true"),
+        metavar="true|false",
+        help="publish NVLink GPU sets (gpu-set devices sharing per-GPU counters) for the "
+        "topology-best claims of `dra-driver claim`; false on clusters without partitionable "
+        "devices (before 1.36) (env GPU_SETS; default true; docs/topology.md)",
+    )
+
+
 def dynamic_mig(args: argparse.Namespace) -> migprofiles.DynamicMig:
     try:
         return migprofiles.DynamicMig.parse(args.dynamic_mig)

@@ -131,6 +131,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common.add_dynamic_mig_flag(parser)
     common.add_backend_flags(parser)
     common.add_shareable_flag(parser)
+    common.add_gpu_sets_flag(parser)
     health_server.add_flags(parser)
     healthflags.add_flags(parser)
     labelflags.add_flags(parser)
@@ -179,6 +180,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         node_labels=args.node_labels,
         node_labels_resync_s=args.node_labels_resync,
         shareable=common.shareable_from(args),
+        gpu_sets=args.gpu_sets,
         mps_check_interval_s=args.mps_check_interval,
     )
 

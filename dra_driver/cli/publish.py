@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     slices_cli.add_identity_flags(parser)
     common.add_backend_flags(parser)
     common.add_shareable_flag(parser)
+    common.add_dynamic_mig_flag(parser)
+    common.add_gpu_sets_flag(parser)
     parser.add_argument(
         "--kubeconfig",
         type=Path,
@@ -96,6 +98,8 @@ def _desired(source: backend.Backend, args: argparse.Namespace) -> list[build.Ob
         node_name=args.node_name,
         driver_name=args.driver_name,
         shareable=common.shareable_from(args),
+        dynamic_mig=common.dynamic_mig(args),
+        gpu_sets=args.gpu_sets,
     )
     log = logs.get("publish")
     for problem in result.problems:

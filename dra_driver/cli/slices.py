@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="UID of the Node object, to include the owner reference the publisher sets",
     )
     common.add_dynamic_mig_flag(parser)
+    common.add_gpu_sets_flag(parser)
     parser.add_argument("--output", "-o", choices=("yaml", "json"), default="yaml")
     parser.set_defaults(handler=run)
 
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
             node_uid=args.node_uid,
             dynamic_mig=dynamic,
             shareable=common.shareable_from(args),
+            gpu_sets=args.gpu_sets,
         )
     except (common.UsageError, backend.DiscoveryError, build.BuildError) as exc:
         return common.fail(str(exc))

@@ -41,6 +41,7 @@ class NodePublisher:
         board: health.HealthBoard | None = None,
         dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
         shareable: shares.Shareable = shares.NONE,
+        gpu_sets: bool = True,
     ) -> None:
         """Raises :class:`~dra_driver.slices.build.BuildError` when no slice can be built.
         ``grace_s``: how long publishing may fail before :meth:`published` says no;
@@ -62,6 +63,7 @@ class NodePublisher:
             decorate=taints.decorator(snap, driver_name) if snap else None,
             dynamic_mig=dynamic_mig,
             shareable=shareable,
+            gpu_sets=gpu_sets,
         )
         self.follower: republish.HealthRepublisher | None = None
         if board is not None and snap is not None:  # the desired set follows health always
@@ -75,6 +77,7 @@ class NodePublisher:
                 log=log,
                 dynamic_mig=dynamic_mig,
                 shareable=shareable,
+                gpu_sets=gpu_sets,
             )
         self.lock = leader.PublisherLock(lock_file, log=log)
 

@@ -389,6 +389,7 @@ def start_node_publisher(
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     decorate: Callable[[list[api.Obj]], None] | None = None,
     shareable: shares.Shareable = shares.NONE,
+    gpu_sets: bool = True,
 ) -> Publisher:
     """Build the node's slices from ``devices`` and keep them published (the node agent's hook;
     ``start=False``: the caller starts it, e.g. once it holds the node's publisher lock).
@@ -403,6 +404,7 @@ def start_node_publisher(
         decorate=decorate,
         dynamic_mig=dynamic_mig,
         shareable=shareable,
+        gpu_sets=gpu_sets,
     )
     publisher = Publisher(
         kube=api,

@@ -104,6 +104,7 @@ def follow(
     log: structlog.typing.FilteringBoundLogger,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     shareable: shares.Shareable = shares.NONE,
+    gpu_sets: bool = True,
 ) -> HealthRepublisher:
     """Start re-publishing ``devices``' slices with the taints of ``board`` on every change
     (``shareable`` GPUs stay published with their consumable capacity)."""
@@ -116,6 +117,7 @@ def follow(
             decorate=taints.decorator(snapshot, driver_name),
             dynamic_mig=dynamic_mig,
             shareable=shareable,
+            gpu_sets=gpu_sets,
         ).slices
 
     follower = HealthRepublisher(

@@ -104,3 +104,24 @@ def test_shareable_flag_and_its_environment_twin() -> None:
     bad = run("--node-name", "n1", "--fake", "pcie-l4", "--shareable", "L4(")
     assert bad.returncode == 2
     assert "--shareable 'L4(': not none, all or a valid regular expression" in bad.stderr
+
+
+def test_without_gpu_sets_one_device_per_gpu_and_no_counters() -> None:
+    """``--gpu-sets=false`` / ``GPU_SETS=false``: what an API server without partitionable
+    devices can allocate safely; a bad value is a usage error naming it."""
+    import os
+
+    flag = run("--node-name", "n1", "--fake", "dgx-1-v100", "--gpu-sets=false")
+    env = run("--node-name", "n1", "--fake", "dgx-1-v100", env={**os.environ, "GPU_SETS": "false"})
+    assert flag.returncode == env.returncode == 0, flag.stderr + env.stderr
+    assert flag.stdout == env.stdout
+    (doc,) = list(yaml.safe_load_all(flag.stdout))
+    assert kubernetes_validate.validate(doc, "1.37.0", strict=True)
+    assert "sharedCounters" not in doc["spec"]
+    devices = doc["spec"]["devices"]
+    assert len(devices) == 8 and not any("consumesCounters" in d for d in devices)
+    assert {d["attributes"]["type"]["string"] for d in devices} == {"gpu"}
+    with_sets = run("--node-name", "n1", "--fake", "dgx-1-v100")
+    assert "gpu-set" in with_sets.stdout and "sharedCounters" in with_sets.stdout
+    bad = run("--node-name", "n1", "--fake", "dgx-1-v100", "--gpu-sets=maybe")
+    assert bad.returncode == 2 and "'maybe' is not true or false" in bad.stderr

@@ -89,7 +89,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "kubelet-plugin-no-node-labels": {
         **_COMMON,
-        "kubeletPlugin": {**_PATHS, "publishGraceSeconds": 45.5},
+        "kubeletPlugin": {**_PATHS, "publishGraceSeconds": 45.5, "gpuSets": False},
         "nodeLabels": {"enabled": False, "resyncSeconds": 2.5},
     },
     "device-plugin-fake": {
@@ -124,6 +124,7 @@ def test_every_chart_variable_sets_a_flag(
         "POD_IP",
         "METRICS_ADDRESS",
         "NODE_LABELS",
+        "GPU_SETS",
     ):
         monkeypatch.delenv(key, raising=False)
     (ds,) = [m.obj for m in rc.render(VALUE_SETS[name]) if m.obj["kind"] == "DaemonSet"]

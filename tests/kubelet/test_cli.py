@@ -154,3 +154,12 @@ def test_node_label_flags_and_their_twins(
             parse(["--node-name", "n1", *bad])
         assert exited.value.code == 2
         assert needle in capsys.readouterr().err
+
+
+def test_gpu_sets_flag_and_env_twin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPU_SETS", raising=False)
+    assert parse(["--node-name", "n1"]).gpu_sets is True
+    assert parse(["--node-name", "n1", "--gpu-sets=false"]).gpu_sets is False
+    monkeypatch.setenv("GPU_SETS", "false")
+    assert parse(["--node-name", "n1"]).gpu_sets is False
+    assert parse(["--node-name", "n1", "--gpu-sets"]).gpu_sets is True

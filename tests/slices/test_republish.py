@@ -187,3 +187,48 @@ def test_shareable_gpus_stay_shareable_when_a_taint_is_republished() -> None:
         assert all("-1-" in f"{n}-" for n in tainted[1:])
     finally:
         follower.stop()
+
+
+def test_without_gpu_sets_the_node_publisher_and_its_health_rebuilds_publish_single_gpus(
+    tmp_path: Any,
+) -> None:
+    """``--gpu-sets=false`` (clusters without partitionable devices): no counters and no sets in
+    the first build, and none come back when a health change rebuilds the slices."""
+    from dra_driver.slices import nodepublisher
+
+    api = memory.InMemoryApi()
+    api.put_node(NODE, uid="uid-n1")
+    board = health.HealthBoard()
+    node = nodepublisher.NodePublisher(
+        driver_name=DRIVER,
+        node_name=NODE,
+        devices=devices_of("dgx-h100"),
+        api=api,
+        lock_file=tmp_path / "publisher.lock",
+        grace_s=60.0,
+        watch_timeout_s=30.0,
+        log=logs.get("test"),
+        board=board,
+        gpu_sets=False,
+    )
+    node.start()
+    try:
+        wait_for(node.publisher.synced.is_set)
+
+        def shape() -> tuple[int, set[str], bool]:
+            got = slices(api)
+            devices = [d for s in got for d in s["spec"].get("devices", [])]
+            kinds = {d["attributes"]["type"]["string"] for d in devices}
+            counters = any(
+                "sharedCounters" in s["spec"] or d.get("consumesCounters")
+                for s in got
+                for d in s["spec"].get("devices", [s["spec"]])
+            )
+            return len(devices), kinds, counters
+
+        assert shape() == (8, {"gpu"}, False)
+        board.set_conditions(devices_of("dgx-h100").gpu(2).uuid, [xid("79")])
+        wait_for(lambda: any(d.get("taints") for s in slices(api) for d in s["spec"]["devices"]))
+        assert shape() == (8, {"gpu"}, False)
+    finally:
+        node.stop()
