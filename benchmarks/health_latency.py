@@ -73,7 +73,9 @@ def main() -> int:
 
         def tainted() -> set[str]:
             found, _ = server.api.list_resource_slices(driver="gpu.nvidia.com", node_name="n1")
-            return {d["name"] for s in found for d in s["spec"]["devices"] if d.get("taints")}
+            return {
+                d["name"] for s in found for d in s["spec"].get("devices", []) if d.get("taints")
+            }
 
         wait(
             lambda: bool(
