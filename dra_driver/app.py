@@ -20,28 +20,21 @@ serves them over HTTP.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import os
 import signal
 import threading
-from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
-from dra_driver import health_server, healthcontrol, logs, nodehealth
+from dra_driver import health_server, logs, nodehealth
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import backend as devices_backend
 from dra_driver.devices import (
     control,
-    fake,
     health,
-    healthpolicy,
     migcontrol,
     migprofiles,
     model,
-    nvml,
 )
 from dra_driver.driver import (
     cdi,
@@ -49,7 +42,6 @@ from dra_driver.driver import (
     driverfiles,
     instances,
     inventory,
-    mps,
     mpsclaims,
     mpsprocess,
     sharing,
@@ -61,95 +53,22 @@ from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.nodelabels import agent as nodelabels
 from dra_driver.nodelabels import compute as labels_compute
-from dra_driver.slices import build, leader, nodepublisher, shares, taints
+from dra_driver.nodeparts import gpu_control_for, mig_control_for, mps_daemons_for
+from dra_driver.pluginsettings import PluginSettings
+from dra_driver.slices import build, leader, nodepublisher, taints
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PluginSettings:
-    """Everything the node agent is configured with (flags / environment)."""
-
-    node_name: str
-    driver_name: str = "gpu.nvidia.com"
-    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
-    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
-    cdi_root: Path = Path("/var/run/cdi")
-    kubeconfig: Path | None = None
-    driver_root: Path = Path("/")
-    driver_root_mount: Path | None = None  # where this process sees driver_root, if elsewhere
-    pod_uid: str = ""  # set: per-instance socket names, state shared with another instance
-    fake: bool = False
-    dev_root: Path = Path("/")
-    boot_id_file: Path = checkpoint.BOOT_ID_FILE
-    workers: int = 32  # threads preparing the claims of one call in parallel
-    grpc_workers: int = 16  # threads serving the DRA socket: one call (one claim, usually) each
-    api_keepalive_s: float = 30.0  # refresh idle API connections this old (server cut-off: 90 s)
-    serial: bool = False
-    cleanup_interval_s: float = 60.0
-    publish: bool = True
-    publish_grace_s: float = 60.0  # publishing may fail this long before /readyz says 503
-    watch_timeout_s: float = 30.0  # each watch of our slices; silence past it: connection dead
-    dynamic_mig: str = migprofiles.NONE  # none | all | product-name regex (--dynamic-mig)
-    node_labels: bool = True  # keep this node's GPU labels (docs/labels.md) on its Node
-    node_labels_resync_s: float = 60.0
-    health: healthpolicy.HealthPolicy = dataclasses.field(default_factory=healthpolicy.HealthPolicy)
-    shareable: shares.Shareable = shares.NONE  # GPUs published with consumable capacity
-    gpu_sets: bool = True  # NVLink GPU sets and their per-GPU counters (--gpu-sets)
-    mps_check_interval_s: float = 10.0  # how often dead MPS daemons are looked for (0 = never)
-
-    @property
-    def plugin_dir(self) -> Path:
-        return self.plugins_dir / self.driver_name
-
-    @property
-    def api_connections(self) -> int:
-        """API connections to keep warm: one per thread that may GET a claim while the others
-        do (every gRPC worker; a call's claims run on the ``workers`` pool, kept up to that)."""
-        return self.grpc_workers
-
-    @property
-    def dra_socket(self) -> Path:
-        if not self.pod_uid:
-            return self.plugin_dir / "dra.sock"
-        return _fit(self.plugin_dir, f"dra-{self.pod_uid}.sock", f"dra-{self._short_id}.sock")
-
-    @property
-    def registration_socket(self) -> Path:
-        if not self.pod_uid:
-            return self.registry_dir / f"{self.driver_name}-reg.sock"
-        return _fit(
-            self.registry_dir,
-            f"{self.driver_name}-{self.pod_uid}-reg.sock",
-            f"{self._short_id}-reg.sock",
-        )
-
-    @property
-    def health_socket(self) -> Path:
-        """Where ``discover`` and ``fake-event`` reach this agent (:mod:`.healthcontrol`)."""
-        return healthcontrol.dra_socket(self.plugin_dir, self._short_id if self.pod_uid else "")
-
-    @property
-    def lock_dir(self) -> Path:
-        return self.plugin_dir / "locks"
-
-    @property
-    def dynamic(self) -> migprofiles.DynamicMig:
-        return migprofiles.DynamicMig.parse(self.dynamic_mig)
-
-    @property
-    def fake_mig_state(self) -> Path:
-        """Fake nodes: where the NVML stand-in keeps MIG instances (they outlive the agent)."""
-        return self.plugin_dir / "fake-mig-state.json"
-
-    @property
-    def _short_id(self) -> str:
-        """A short stand-in for driver + pod UID when the full socket path is too long."""
-        return hashlib.sha256(f"{self.driver_name}/{self.pod_uid}".encode()).hexdigest()[:16]
-
-
-def _fit(directory: Path, name: str, short: str) -> Path:
-    """``directory/name``, or ``directory/short`` when that would not fit a unix socket path."""
-    fits = len(os.fsencode(directory.absolute() / name)) <= server.MAX_SOCKET_PATH
-    return directory / (name if fits else short)
+# PluginSettings and the part builders are re-exported: the CLI, the fault suite and the tests
+# configure the agent through ``app``.
+__all__ = [
+    "PluginSettings",
+    "StartupError",
+    "build_driver",
+    "gpu_control_for",
+    "mig_control_for",
+    "mps_daemons_for",
+    "new_readiness",
+    "run",
+]
 
 
 def new_readiness(settings: PluginSettings) -> health_server.Readiness:
@@ -253,66 +172,6 @@ def build_driver(
     )
     driver.update_gauges()
     return driver
-
-
-def gpu_control_for(
-    settings: PluginSettings,
-    *,
-    devices: model.NodeDevices,
-    files: tuple[driverfiles.Mount, ...],
-) -> control.GpuControl:
-    """Fake nodes: settings recorded in ``<plugin dir>/fake-gpu-control.json``. Real nodes: NVML
-    plus the driver root's nvidia-smi (preloading its libnvidia-ml when the root is not /)."""
-    if settings.fake:
-        return control.FakeGpuControl.for_devices(
-            devices, state_file=settings.plugin_dir / "fake-gpu-control.json"
-        )
-    found = {Path(m.container_path).name: Path(m.local_path or m.host_path) for m in files}
-    local_root = settings.driver_root_mount or settings.driver_root
-    return control.HostGpuControl(
-        nvml_api=nvml.real_module(),
-        nvidia_smi=found.get("nvidia-smi"),
-        preload=found.get("libnvidia-ml.so.1") if local_root != Path("/") else None,
-    )
-
-
-def mps_daemons_for(
-    settings: PluginSettings,
-    *,
-    files: tuple[driverfiles.Mount, ...],
-    gpu_control: control.GpuControl,
-    log: structlog.typing.FilteringBoundLogger,
-) -> mps.MpsDaemons:
-    """MPS control daemons under ``<plugin dir>/mps``: the stand-in on fake nodes, else the
-    driver root's ``nvidia-cuda-mps-control`` (with its libraries), in a mount namespace whose
-    ``/dev/shm`` is the directory its clients get."""
-    command, env = mpsprocess.program(
-        fake=settings.fake,
-        files=files,
-        driver_root_is_slash=(settings.driver_root_mount or settings.driver_root) == Path("/"),
-    )
-    return mps.MpsDaemons(
-        root=settings.plugin_dir / "mps",
-        command=command,
-        gpu_control=gpu_control,
-        boot_id=checkpoint.read_boot_id(settings.boot_id_file),
-        log=log.bind(component="mps"),
-        env=env,
-        isolate_shm=not settings.fake,
-    )
-
-
-def mig_control_for(
-    settings: PluginSettings, backend: devices_backend.Backend
-) -> migcontrol.MigControl | None:
-    """MIG control over the backend's NVML (the stand-in for fake nodes, with its state file);
-    None when no GPU is dynamic (the agent then never changes a MIG layout)."""
-    if not settings.dynamic.enabled:
-        return None
-    fake_nvml = backend.nvml if isinstance(backend, fake.FakeBackend) else None
-    if fake_nvml is not None:
-        fake_nvml.mig_state.use_file(settings.fake_mig_state)
-    return migcontrol.NvmlMigControl(nvml_api=fake_nvml or nvml.real_module())
 
 
 def start_publisher(

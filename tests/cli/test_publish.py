@@ -116,3 +116,30 @@ def test_missing_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
         command(tmp_path / "nope"), capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_once_without_gpu_sets_and_with_dynamic_mig(
+    server: fakeserver.FakeApiServer, tmp_path: Path
+) -> None:
+    """``publish`` takes the agent's publishing flags: ``--gpu-sets=false`` leaves out the sets
+    and the per-GPU counters, ``--dynamic-mig all`` adds the MIG placements and their counters."""
+    kubeconfig = server.write_kubeconfig(tmp_path / "kc")
+    flags = ("--once", "--gpu-sets=false", "--dynamic-mig", "all")
+    done = subprocess.run(
+        command(kubeconfig, *flags), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    stored = server.api.all_resource_slices()
+    counter_sets = {c["name"] for s in stored for c in s["spec"].get("sharedCounters", [])}
+    assert counter_sets == {f"gpu-{i}-mig" for i in range(8)}  # no "gpus": no GPU sets
+    devices = [d for s in stored for d in s["spec"].get("devices", [])]
+    kinds = {d["attributes"]["type"]["string"] for d in devices}
+    assert kinds == {"gpu", "mig"}
+    bad = subprocess.run(
+        command(kubeconfig, "--once", "--dynamic-mig", "("),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "dynamic-mig" in bad.stderr
