@@ -28,3 +28,17 @@ def test_a_benchmark_script_imports_and_prints_its_help(script: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage:")
+
+
+def test_the_health_benchmark_runs_once_through() -> None:
+    """A short real run (one repeat, ~6 s): the health benchmark reads slices as the agent
+    publishes them (a counter slice without devices broke it once)."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "health_latency.py"), "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "worst failure-to-isolation:" in proc.stdout.splitlines()[-1]
