@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -23,7 +22,7 @@ import structlog
 
 from dra_driver import logs
 from dra_driver import metrics as metrics_mod
-from dra_driver.driver import checkpoint, claims, results, state
+from dra_driver.driver import checkpoint, claims, periodic, results, state
 from dra_driver.kube import api as kube
 
 T = TypeVar("T")
@@ -144,30 +143,16 @@ class Driver:
         return f"{ref}: {what} failed: internal error: {type(exc).__name__}: {exc}"
 
 
-class CleanupLoop:
+class CleanupLoop(periodic.Periodic):
     """Runs :meth:`Driver.cleanup` every ``interval_s`` seconds on a daemon thread."""
 
     def __init__(
         self, *, driver: Driver, interval_s: float, log: structlog.typing.FilteringBoundLogger
     ) -> None:
-        self.driver = driver
-        self.interval_s = interval_s
-        self.log = log
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="claim-cleanup", daemon=True)
-
-    def start(self) -> None:
-        if self.interval_s > 0:
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.driver.cleanup()
-            except Exception:
-                self.log.exception("claim clean-up failed; will retry")
+        super().__init__(
+            name="claim-cleanup",
+            task=driver.cleanup,
+            interval_s=interval_s,
+            log=log,
+            failed="claim clean-up failed; will retry",
+        )

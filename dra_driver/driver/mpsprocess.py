@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Final
 
 import structlog
 
-from dra_driver.driver import driverfiles
+from dra_driver.driver import driverfiles, periodic
 
 MARKER: Final = "DRA_DRIVER_MPS_DAEMON"
 POLL_S: Final = 0.02
@@ -146,7 +145,7 @@ def program(
     return ((str(binary),) if binary is not None else ()), env
 
 
-class Supervisor:
+class Supervisor(periodic.Periodic):
     """Runs ``check`` every ``interval_s`` seconds on a daemon thread (MPS housekeeping)."""
 
     def __init__(
@@ -156,27 +155,13 @@ class Supervisor:
         interval_s: float,
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        self.check = check
-        self.interval_s = interval_s
-        self.log = log
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="mps-supervisor", daemon=True)
-
-    def start(self) -> None:
-        if self.interval_s > 0:
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.check()
-            except Exception:  # never let supervision die; the next round retries
-                self.log.exception("MPS supervision failed; will retry")
+        super().__init__(
+            name="mps-supervisor",
+            task=check,
+            interval_s=interval_s,
+            log=log,
+            failed="MPS supervision failed; will retry",
+        )
 
 
 def start_time(pid: int) -> int | None:
