@@ -21,7 +21,7 @@ import collections
 import ctypes
 import dataclasses
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_driver.devices import nvml, profiles
 
@@ -267,15 +267,12 @@ class FakeHealth:
             route = nvml.FABRIC_ROUTE_UNHEALTHY_TRUE if unhealthy else 2  # 2: ROUTE_UNHEALTHY_FALSE
             target.healthMask = route << nvml.FABRIC_ROUTE_UNHEALTHY_SHIFT
 
-    # Provided by FakeNvml (declared for the type checker).
-    def _enter(self, name: str, handle: object = None) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by FakeNvml; declared here for the type checker only
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
-        raise NotImplementedError
+        def _enter(self, name: str, handle: object = None) -> None: ...
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int) -> Any:
-        raise NotImplementedError
+        def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
 
-    def _device(self, name: str, handle: object) -> Any:
-        raise NotImplementedError
+        def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int) -> Any: ...
+
+        def _device(self, name: str, handle: object) -> Any: ...

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dra_driver.devices import migstate, migtables, nvml, profiles
 
@@ -71,12 +71,11 @@ class FakeMigFunctions:
     _mig_tables: list[tuple[migtables.TableProfile, ...] | None]
     _mig_derived: list[bool]
 
-    # Provided by FakeNvml.
-    def _device(self, name: str, handle: object) -> Any:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by FakeNvml; declared here for the type checker only
 
-    def _enter(self, name: str, handle: object = None) -> None:
-        raise NotImplementedError
+        def _device(self, name: str, handle: object) -> Any: ...
+
+        def _enter(self, name: str, handle: object = None) -> None: ...
 
     def _init_mig(self) -> None:
         """Profile tables and the initial MIG state of every GPU of the profile."""
