@@ -13,7 +13,6 @@ import random
 import signal
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import grpc
@@ -22,41 +21,9 @@ from dra_driver.driver import claims
 from dra_driver.fakeapi import fakeserver
 from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 
+from .claimkit import put_claim
+
 BUDGET_S = 10.0  # killing and restarting; the whole test stays near 20 s
-
-
-def _claims(server: fakeserver.FakeApiServer, count: int) -> list[claims.ClaimRef]:
-    refs = []
-    for i in range(count):
-        uid = str(uuid.uuid4())
-        server.api.put_resource_claim(
-            {
-                "metadata": {"name": f"c{i}", "namespace": "crash", "uid": uid},
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
-                        ]
-                    }
-                },
-                "status": {
-                    "allocation": {
-                        "devices": {
-                            "results": [
-                                {
-                                    "request": "gpu",
-                                    "driver": "gpu.nvidia.com",
-                                    "pool": "n1",
-                                    "device": f"gpu-{i}",
-                                }
-                            ]
-                        }
-                    }
-                },
-            }
-        )
-        refs.append(claims.ClaimRef(uid=uid, namespace="crash", name=f"c{i}"))
-    return refs
 
 
 def _churn(
@@ -113,7 +80,7 @@ def test_sigkill_at_random_points_leaves_consistent_state(
     short_dir: Path, apiserver: fakeserver.FakeApiServer
 ) -> None:
     rng = random.Random(4)
-    refs = _claims(apiserver, 8)
+    refs = [put_claim(apiserver, f"c{i}", [f"gpu-{i}"], namespace="crash") for i in range(8)]
     kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
     outcome: dict[str, list[str]] = {"errors": [], "calls": [], "interrupted": []}
     kills = kill_under_load(short_dir, kubeconfig, refs, rng, outcome, (0.05, 0.4))

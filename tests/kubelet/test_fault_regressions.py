@@ -16,8 +16,8 @@ from dra_driver import grpcstreams, health_server
 from dra_driver.fakeapi import fakeserver, faultproxy
 from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 
+from .claimkit import put_claim
 from .test_dra_service import PREPARE_V1, Running, result
-from .test_plugin_process import put_claim
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 from dra_driver.pb.dra_health.v1 import health_pb2 as v1_pb2
 from dra_driver.slices import validate
 
-from .test_plugin_process import put_claim
+from .claimkit import put_claim
 
 Obj = dict[str, Any]
 WAIT_S = 30.0

@@ -14,14 +14,13 @@ import random
 import signal
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from dra_driver.devices import migstate
-from dra_driver.driver import claims
 from dra_driver.fakeapi import fakeserver
 from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 
+from .claimkit import put_claim
 from .test_crash import _churn
 
 BUDGET_S = 10.0
@@ -34,40 +33,6 @@ DEVICES = (
     "gpu-1-mig-1g-20gb-2",
     "gpu-1-mig-3g-40gb-4",
 )
-
-
-def _claims(server: fakeserver.FakeApiServer) -> list[claims.ClaimRef]:
-    refs = []
-    for i, device in enumerate(DEVICES):
-        uid = str(uuid.uuid4())
-        server.api.put_resource_claim(
-            {
-                "metadata": {"name": f"m{i}", "namespace": "crash", "uid": uid},
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com"}}
-                        ]
-                    }
-                },
-                "status": {
-                    "allocation": {
-                        "devices": {
-                            "results": [
-                                {
-                                    "request": "mig",
-                                    "driver": "gpu.nvidia.com",
-                                    "pool": "n1",
-                                    "device": device,
-                                }
-                            ]
-                        }
-                    }
-                },
-            }
-        )
-        refs.append(claims.ClaimRef(uid=uid, namespace="crash", name=f"m{i}"))
-    return refs
 
 
 def _plugin(base: Path, kubeconfig: Path) -> PluginProcess:
@@ -97,7 +62,10 @@ def test_sigkill_at_random_points_leaves_no_orphan_mig_instance(
     short_dir: Path, apiserver: fakeserver.FakeApiServer
 ) -> None:
     rng = random.Random(15)
-    refs = _claims(apiserver)
+    refs = [
+        put_claim(apiserver, f"m{i}", [d], "mig", namespace="crash", device_class="mig.nvidia.com")
+        for i, d in enumerate(DEVICES)
+    ]
     kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
     kills = 0
     outcome: dict[str, list[str]] = {"errors": [], "calls": [], "interrupted": []}

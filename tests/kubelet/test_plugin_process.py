@@ -16,42 +16,7 @@ from dra_driver.driver import claims
 from dra_driver.fakeapi import fakeserver
 from dra_driver.kubelet.sim import KubeletSim, PluginProcess, RegistrationRefused
 
-
-def put_claim(
-    server: fakeserver.FakeApiServer, name: str, devices: list[str], request: str = "gpu"
-) -> claims.ClaimRef:
-    uid = str(uuid.uuid4())
-    server.api.put_resource_claim(
-        {
-            "metadata": {"name": name, "namespace": "team", "uid": uid},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": request.split("/")[0],
-                            "exactly": {"deviceClassName": "gpu.nvidia.com", "count": len(devices)},
-                        }
-                    ]
-                }
-            },
-            "status": {
-                "allocation": {
-                    "devices": {
-                        "results": [
-                            {
-                                "request": request,
-                                "driver": "gpu.nvidia.com",
-                                "pool": "n1",
-                                "device": d,
-                            }
-                            for d in devices
-                        ]
-                    }
-                }
-            },
-        }
-    )
-    return claims.ClaimRef(uid=uid, namespace="team", name=name)
+from .claimkit import put_claim
 
 
 @pytest.fixture

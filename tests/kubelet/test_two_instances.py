@@ -16,7 +16,7 @@ import pytest
 from dra_driver.fakeapi import fakeserver
 from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 
-from .test_plugin_process import put_claim
+from .claimkit import put_claim
 
 UID_A, UID_B = str(uuid.uuid4()), str(uuid.uuid4())
 
