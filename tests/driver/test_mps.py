@@ -134,14 +134,16 @@ def test_a_daemon_that_died_is_restarted_by_supervision_and_recovery(node: Node)
     daemons = node.driver.state.mps.daemons
     first = sharekit.daemon_pids(node)["gpu-5"]
     os.kill(first, signal.SIGKILL)
-    assert wait_for(lambda: "gpu-5" not in sharekit.daemon_pids(node))
+    # Wait on what supervision itself reads: a process that lost its environment is still
+    # exiting (not yet a zombie) and counts as alive until it is.
+    assert wait_for(lambda: not daemons.processes.alive(first, None))
     assert daemons.supervise() == ["gpu-5"]
     second = sharekit.daemon_pids(node)["gpu-5"]
     assert second != first
     assert daemons.supervise() == []  # healthy: nothing to do
 
     os.kill(second, signal.SIGKILL)
-    assert wait_for(lambda: "gpu-5" not in sharekit.daemon_pids(node))
+    assert wait_for(lambda: not daemons.processes.alive(second, None))
     node.restart()  # recovery brings back the daemon of a prepared share
     assert set(sharekit.daemon_pids(node)) == {"gpu-5"}
     assert node.driver.unprepare([ref]) == {ref.uid: ""}
