@@ -8,14 +8,20 @@ no fixture tests, since ``../shared`` is not beside the workspace), then prints 
 killed / survived / other, per group. Not part of ``make test`` or CI: it takes a long time on
 two cores. ``docs/mutation.md`` records the last score and the survivors judged equivalent.
 
-Usage: ``python scripts/mutate.py [GROUP ...] [--max-children N]``; ``--list`` shows groups.
+Usage: ``python scripts/mutate.py [GROUP ...] [--max-children N] [--again | --sample N]``;
+``--list`` shows groups. ``--again`` keeps the group's last results and re-tests only what may
+have changed: mutants of edited functions, those never checked, and the survivors (after new
+tests). ``--sample N`` tests a uniform random sample of N mutants (``--seed``) and prints the
+score with its 95 % Wilson interval: an estimate when a full run does not fit the time at hand.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -24,6 +30,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "build" / "mutate"
 
+DEVICEPLUGIN_MODULES = (
+    "allocate",
+    "app",
+    "cdi",
+    "inventory",
+    "mps",
+    "preferred",
+    "registrar",
+    "service",
+)
 # group -> (files to mutate, test files/directories that exercise them)
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "driver": (
@@ -67,16 +83,30 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["dra_driver/apimachinery/schema.py"],
         ["tests/apimachinery/test_schema.py", "tests/slices/test_validate.py", "tests/fakeapi"],
     ),
-    "deviceplugin": (["dra_driver/deviceplugin/*"], ["tests/deviceplugin"]),
+    "deviceplugin": (
+        # kubeletsim is a kubelet stand-in for tests and the fault suite, not product code.
+        [f"dra_driver/deviceplugin/{m}.py" for m in DEVICEPLUGIN_MODULES],
+        ["tests/deviceplugin"],
+    ),
 }
+SURVIVED = 0  # mutmut's exit code of a mutant no test noticed
+LIST_ONLY = "__mutate_py_lists_mutants_only__"  # a name no mutant has: generate, test nothing
 
 
-def workspace(group: str) -> Path:
-    """A scratch copy of the package and the tests with a mutmut config for ``group``."""
+def workspace(group: str, *, keep_results: bool = False) -> Path:
+    """A scratch copy of the package and the tests with a mutmut config for ``group``.
+
+    ``keep_results``: refresh the copies but keep ``mutants/`` (mutmut's per-function results)."""
     mutate, tests = GROUPS[group]
     root = WORK / group
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
+    if keep_results and (root / "mutants").is_dir():
+        for part in ("dra_driver", "tests"):
+            shutil.rmtree(root / part, ignore_errors=True)
+            shutil.rmtree(root / "mutants" / part / "__pycache__", ignore_errors=True)
+        shutil.rmtree(root / "mutants" / "tests", ignore_errors=True)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
     shutil.copytree(REPO / "dra_driver", root / "dra_driver")
     shutil.copytree(REPO / "tests", root / "tests")
     # pytest settings without the project's [tool.*] sections, so mutmut reads setup.cfg.
@@ -100,16 +130,44 @@ def workspace(group: str) -> Path:
     return root
 
 
-def run(group: str, max_children: int) -> dict[str, int]:
-    root = workspace(group)
+def results(root: Path) -> dict[str, int | None]:
+    """Every mutant of the workspace → its exit code (None: not checked yet)."""
+    found: dict[str, int | None] = {}
+    for meta in sorted((root / "mutants").rglob("*.py.meta")):
+        found.update(json.loads(meta.read_text()).get("exit_code_by_key", {}))
+    return found
+
+
+def run(
+    group: str, max_children: int, *, again: bool = False, sample: int = 0, seed: int = 17
+) -> dict[str, int]:
+    root = workspace(group, keep_results=again or bool(sample))
     env = {k: v for k, v in os.environ.items() if k != "CI"}  # fixture tests: skipped
     mutmut = [sys.executable, "-m", "mutmut"]
-    subprocess.run(
-        [*mutmut, "run", "--max-children", str(max_children)], cwd=root, env=env, check=False
-    )
+    base = [*mutmut, "run", "--max-children", str(max_children)]
+    names: list[str] = []
+    if again or sample:
+        # Generate (re-using the results of unchanged functions) without testing anything.
+        subprocess.run([*base, LIST_ONLY], cwd=root, env=env, check=False, capture_output=True)
+        codes = results(root)
+        if sample:
+            names = random.Random(seed).sample(sorted(codes), min(sample, len(codes)))
+        else:
+            names = [n for n, code in codes.items() if code is None or code == SURVIVED]
+        if not names:
+            print(f"{group}: nothing to re-test")
+    if names or not (again or sample):
+        subprocess.run([*base, *names], cwd=root, env=env, check=False)
     out = root / "mutants" / "mutmut-cicd-stats.json"
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=root, env=env, check=False)
     stats: dict[str, int] = json.loads(out.read_text()) if out.is_file() else {}
+    if sample:  # the score of the sample alone
+        codes = results(root)
+        stats = {
+            "killed": sum(1 for n in names if codes.get(n) not in (None, SURVIVED)),
+            "survived": sum(1 for n in names if codes.get(n) == SURVIVED),
+            "total": len(codes),
+        }
     return stats
 
 
@@ -118,7 +176,21 @@ def score_line(group: str, stats: dict[str, int]) -> str:
     other = {k: v for k, v in stats.items() if k not in ("killed", "survived", "total") and v}
     judged = killed + survived
     pct = f"{100 * killed / judged:.1f}%" if judged else "n/a"
-    return f"{group:13} killed {killed:5}  survived {survived:4}  score {pct:>6}  other {other}"
+    low, high = wilson(killed, judged)
+    return (
+        f"{group:13} killed {killed:5}  survived {survived:4}  score {pct:>6}"
+        f"  (95% {100 * low:.1f}-{100 * high:.1f}%)  other {other}"
+    )
+
+
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a proportion (what a sampled score can claim)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def main() -> int:
@@ -126,6 +198,12 @@ def main() -> int:
     parser.add_argument("groups", nargs="*", help=f"of {', '.join(GROUPS)} (default: all)")
     parser.add_argument("--max-children", type=int, default=1, help="parallel mutants")
     parser.add_argument("--list", action="store_true", help="list the groups and exit")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument(
+        "--again", action="store_true", help="keep results; re-test changed, unchecked, survivors"
+    )
+    how.add_argument("--sample", type=int, default=0, help="test N random mutants only")
+    parser.add_argument("--seed", type=int, default=17, help="of the --sample draw")
     args = parser.parse_args()
     if args.list:
         for name, (mutate, tests) in GROUPS.items():
@@ -134,7 +212,12 @@ def main() -> int:
     unknown = set(args.groups) - set(GROUPS)
     if unknown:
         parser.error(f"unknown group(s): {', '.join(sorted(unknown))}")
-    lines = [score_line(g, run(g, args.max_children)) for g in args.groups or list(GROUPS)]
+    lines = [
+        score_line(
+            g, run(g, args.max_children, again=args.again, sample=args.sample, seed=args.seed)
+        )
+        for g in args.groups or list(GROUPS)
+    ]
     print("\nmutation score (killed / (killed + survived)):")
     print("\n".join(lines))
     print(f"survivors: cd {WORK}/<group> && python -m mutmut results; mutmut show <name>")
