@@ -18,6 +18,7 @@ score with its 95 % Wilson interval: an estimate when a full run does not fit th
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import os
@@ -130,11 +131,15 @@ def workspace(group: str, *, keep_results: bool = False) -> Path:
     return root
 
 
-def results(root: Path) -> dict[str, int | None]:
-    """Every mutant of the workspace → its exit code (None: not checked yet)."""
+def results(root: Path, group: str) -> dict[str, int | None]:
+    """Every mutant of the group's files → its exit code (None: not checked yet)."""
     found: dict[str, int | None] = {}
     for meta in sorted((root / "mutants").rglob("*.py.meta")):
-        found.update(json.loads(meta.read_text()).get("exit_code_by_key", {}))
+        source = meta.relative_to(root / "mutants").as_posix().removesuffix(".meta")
+        if any(fnmatch.fnmatch(source, pattern) for pattern in GROUPS[group][0]):
+            found.update(json.loads(meta.read_text()).get("exit_code_by_key", {}))
+        else:  # a file the group no longer mutates: its old results must not count
+            meta.unlink()
     return found
 
 
@@ -149,7 +154,7 @@ def run(
     if again or sample:
         # Generate (re-using the results of unchanged functions) without testing anything.
         subprocess.run([*base, LIST_ONLY], cwd=root, env=env, check=False, capture_output=True)
-        codes = results(root)
+        codes = results(root, group)
         if sample:
             names = random.Random(seed).sample(sorted(codes), min(sample, len(codes)))
         else:
@@ -162,7 +167,7 @@ def run(
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=root, env=env, check=False)
     stats: dict[str, int] = json.loads(out.read_text()) if out.is_file() else {}
     if sample:  # the score of the sample alone
-        codes = results(root)
+        codes = results(root, group)
         stats = {
             "killed": sum(1 for n in names if codes.get(n) not in (None, SURVIVED)),
             "survived": sum(1 for n in names if codes.get(n) == SURVIVED),

@@ -1,0 +1,64 @@
+"""``scripts/mutate.py`` (``make mutate``) is not run by the suite, but the parts that turn
+mutmut's results into the documented score are: a wrong interval or a stale file's results
+counted would misreport the score."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "mutate.py"
+
+
+@pytest.fixture(scope="module")
+def mutate() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutate_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mutate_script"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_wilson_interval_matches_hand_computed_values(mutate: ModuleType) -> None:
+    low, high = mutate.wilson(90, 100)
+    assert (round(low, 4), round(high, 4)) == (0.8256, 0.9448)
+    assert mutate.wilson(0, 0) == (0.0, 1.0)
+    assert mutate.wilson(10, 10)[1] == 1.0
+    assert round(mutate.wilson(10, 10)[0], 4) == 0.7225
+
+
+def test_the_score_line_counts_killed_over_judged(mutate: ModuleType) -> None:
+    line = mutate.score_line("slices", {"killed": 9, "survived": 1, "total": 12, "timeout": 2})
+    assert "killed     9" in line and "survived    1" in line
+    assert "score  90.0%" in line
+    assert "(95% 59.6-98.2%)" in line
+    assert "other {'timeout': 2}" in line
+
+
+def test_results_count_only_the_groups_files_and_drop_stale_ones(
+    mutate: ModuleType, tmp_path: Path
+) -> None:
+    pkg = tmp_path / "mutants" / "dra_driver" / "deviceplugin"
+    pkg.mkdir(parents=True)
+    (pkg / "service.py.meta").write_text(
+        json.dumps({"exit_code_by_key": {"svc_1": 0, "svc_2": 1, "svc_3": None}})
+    )
+    stale = pkg / "kubeletsim.py.meta"
+    stale.write_text(json.dumps({"exit_code_by_key": {"sim_1": 0}}))
+    assert mutate.results(tmp_path, "deviceplugin") == {"svc_1": 0, "svc_2": 1, "svc_3": None}
+    assert not stale.exists()
+
+
+def test_every_group_names_files_and_tests_that_exist(mutate: ModuleType) -> None:
+    repo = SCRIPT.parents[1]
+    for name, (files, tests) in mutate.GROUPS.items():
+        for pattern in files:
+            assert list(repo.glob(pattern)), f"{name}: {pattern} matches nothing"
+        for test in tests:
+            assert (repo / test).exists(), f"{name}: {test} does not exist"
