@@ -39,6 +39,9 @@ def test_the_score_line_counts_killed_over_judged(mutate: ModuleType) -> None:
     assert "score  90.0%" in line
     assert "(95% 59.6-98.2%)" in line
     assert "other {'timeout': 2}" in line
+    # a mutant no test reaches counts against the score, like a survivor
+    unreached = mutate.score_line("driver", {"killed": 9, "survived": 0, "no_tests": 1})
+    assert "survived    1" in unreached and "score  90.0%" in unreached
 
 
 def test_results_count_only_the_groups_files_and_drop_stale_ones(
