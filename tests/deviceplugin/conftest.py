@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import structlog
 
 from dra_driver.deviceplugin import app
 from dra_driver.devices import fake, health, model
@@ -22,6 +24,24 @@ from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from .testkubelet import FakeKubelet
 
 FAST = {"poll_interval_s": 0.1, "stream_poll_s": 0.2}
+Events = list[MutableMapping[str, Any]]
+
+
+@pytest.fixture
+def logged() -> Iterator[Events]:
+    """Every structlog event while the test runs, at every level. Create the plugin objects
+    inside the test: they bind their loggers when built."""
+    wrapper = structlog.get_config()["wrapper_class"]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with structlog.testing.capture_logs() as events:
+            yield events
+    finally:
+        structlog.configure(wrapper_class=wrapper)
+
+
+def events_named(events: Events, name: str) -> Events:
+    return [e for e in list(events) if e.get("event") == name]
 
 
 @pytest.fixture
