@@ -29,14 +29,26 @@ Events = list[MutableMapping[str, Any]]
 
 @pytest.fixture
 def logged() -> Iterator[Events]:
-    """Every structlog event while the test runs, at every level. Create the plugin objects
-    inside the test: they bind their loggers when built."""
+    """Every structlog event while the test runs, at every level, with ``log_level``. Create
+    the plugin objects inside the test: they bind their loggers when built. The events still
+    reach the other processors (the catalogue check of tests/conftest.py included)."""
+    events: Events = []
+
+    def record(
+        _logger: object, method: str, event_dict: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        events.append({**event_dict, "log_level": method})
+        return event_dict
+
     wrapper = structlog.get_config()["wrapper_class"]
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    processors = structlog.get_config()["processors"]  # the live list every logger reads
+    processors.insert(0, record)
     try:
-        with structlog.testing.capture_logs() as events:
-            yield events
+        yield events
     finally:
+        if record in processors:
+            processors.remove(record)
         structlog.configure(wrapper_class=wrapper)
 
 
