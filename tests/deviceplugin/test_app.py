@@ -89,7 +89,7 @@ def test_ready_once_every_resource_is_registered_and_not_after_a_refusal(
     _wait_for(readiness.is_ready)
     kubelet.reject = "resource already registered"
     kubelet.restart(delete_plugin_sockets=False)  # each resource registers again: refused
-    _wait_for(lambda: not readiness.is_ready())
+    _wait_for(lambda: readiness.snapshot() == {"registered": False})
 
 
 def test_default_mig_strategy_offers_whole_gpus_only(

@@ -176,6 +176,7 @@ def test_unwritable_cdi_root_is_a_clear_error(tmp_path: Path) -> None:
 def test_spec_content_for_whole_gpus() -> None:
     us = units("pcie-l4")
     spec = cdi.build_spec(us, kind=cdi.DEFAULT_KIND, fake_node=None)
+    assert list(spec) == ["cdiVersion", "kind", "devices", "containerEdits"]
     assert spec == {
         "cdiVersion": "0.3.0",
         "kind": cdi.DEFAULT_KIND,

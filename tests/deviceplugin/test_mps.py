@@ -133,15 +133,15 @@ def test_time_slicing_replicas_get_no_mps(
 def test_supervision_restarts_a_dead_daemon_by_itself(
     start_plugin: StartPlugin, kubelet: FakeKubelet, mps_dir: Path
 ) -> None:
+    running = start_plugin(
+        "pcie-l4",
+        replicas=2,
+        sharing=app.SharingStrategy.MPS,
+        mps_dir=mps_dir,
+        fake_node="/dev/null",
+        mps_check_interval_s=0.1,
+    )
     try:
-        start_plugin(
-            "pcie-l4",
-            replicas=2,
-            sharing=app.SharingStrategy.MPS,
-            mps_dir=mps_dir,
-            fake_node="/dev/null",
-            mps_check_interval_s=0.1,
-        )
         kubelet.wait_requests(1)
         dead = _records(mps_dir)["gpu-1"]["pid"]
         assert isinstance(dead, int)
@@ -152,4 +152,5 @@ def test_supervision_restarts_a_dead_daemon_by_itself(
             time.sleep(0.05)
         assert _records(mps_dir)["gpu-1"]["state"] == "Running"
     finally:
+        running.app.stop()  # supervision ends first, or it restarts what is killed below
         _kill_all(mps_dir)
