@@ -64,7 +64,7 @@ def make_endpoint(plugin_dir: Path) -> Iterator[MakeEndpoint]:
     board.close()
 
 
-def _watcher(ep: registrar.Endpoint) -> threading.Thread:
+def _watcher() -> threading.Thread:
     [thread] = [t for t in threading.enumerate() if t.name == f"dp-registrar-{RESOURCE}"]
     return thread
 
@@ -304,7 +304,7 @@ def test_stop_waits_for_a_registration_in_flight(
     kubelet.hold = threading.Event()
     ep = make_endpoint(register_timeout_s=1.0)
     ep.start()
-    watcher = _watcher(ep)
+    watcher = _watcher()
     _wait_for(lambda: len(kubelet.deadlines) == 1)  # Register is in flight
     threading.Timer(0.3, kubelet.hold.set).start()
     ep.stop()  # joins the watcher for up to register_timeout_s + 2 seconds
