@@ -51,7 +51,7 @@ class FakeKubelet:
     def start(self) -> FakeKubelet:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
-        server.add_insecure_port(f"unix://{self.socket}")
+        server.add_insecure_port(f"unix:{self.socket}")
         server.start()
         self._server = server
         return self
