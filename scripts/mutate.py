@@ -70,7 +70,14 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["tests/deviceplugin"],
     ),
 }
-SUPPORT = ("scripts/log_events.py", "docs/log-events.md")  # files tests/logcheck.py reads
+# What the tests read besides the package and themselves: the log catalogue (tests/logcheck.py),
+# the hardware profiles and example claims (allocation tests).
+SUPPORT = (
+    "scripts/log_events.py",
+    "docs/log-events.md",
+    "benchmarks/profiles",
+    "deployments/examples",
+)
 SURVIVED = 0  # mutmut's exit code of a mutant no test noticed
 NO_TESTS = (5, 33)  # no test reaches the mutated function: nothing would notice either
 LIST_ONLY = "__mutate_py_lists_mutants_only__"  # a name no mutant has: generate, test nothing
@@ -121,9 +128,13 @@ def workspace(group: str, *, keep_results: bool = False) -> Path:
         root.mkdir(parents=True)
     shutil.copytree(REPO / "dra_driver", root / "dra_driver")
     shutil.copytree(REPO / "tests", root / "tests")
-    for extra in SUPPORT:  # what the tests read besides the package (the log catalogue)
+    for extra in SUPPORT:
         (root / extra).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / extra, root / extra)
+        if (REPO / extra).is_dir():
+            shutil.rmtree(root / extra, ignore_errors=True)
+            shutil.copytree(REPO / extra, root / extra)
+        else:
+            shutil.copy2(REPO / extra, root / extra)
     # pytest settings without the project's [tool.*] sections, so mutmut reads setup.cfg.
     (root / "pyproject.toml").write_text(
         '[tool.pytest.ini_options]\ntestpaths = ["tests"]\naddopts = "-p no:cacheprovider"\n'
@@ -173,7 +184,12 @@ def run(
     retest: list[str] = []  # the mutants tested now (none named: mutmut's own choice)
     if again or sample:
         # Generate (re-using the results of unchanged functions) without testing anything.
-        subprocess.run([*base, LIST_ONLY], cwd=root, env=env, check=False, capture_output=True)
+        listed = subprocess.run(
+            [*base, LIST_ONLY], cwd=root, env=env, check=False, capture_output=True, text=True
+        )
+        if "nothing matches" not in listed.stdout + listed.stderr:  # it failed before that
+            sys.stderr.write(listed.stdout[-3000:] + listed.stderr[-3000:])
+            raise SystemExit(f"{group}: mutmut failed before testing any mutant (output above)")
         codes = results(root, group)
         names = sorted(codes)
         if sample:
@@ -184,7 +200,9 @@ def run(
         if not retest:
             print(f"{group}: nothing to re-test")
     if retest or not (again or sample):
-        subprocess.run([*base, *retest], cwd=root, env=env, check=False)
+        done = subprocess.run([*base, *retest], cwd=root, env=env, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{group}: mutmut failed (exit {done.returncode}); see above")
     out = root / "mutants" / "mutmut-cicd-stats.json"
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=root, env=env, check=False)
     stats: dict[str, int] = json.loads(out.read_text()) if out.is_file() else {}

@@ -67,7 +67,7 @@ def test_every_group_names_files_and_tests_that_exist(mutate: ModuleType) -> Non
         for test in tests:
             assert (repo / test).exists(), f"{name}: {test} does not exist"
     for extra in mutate.SUPPORT:  # copied into each workspace: the tests read them
-        assert (repo / extra).is_file(), extra
+        assert (repo / extra).exists(), extra
     logcheck = (repo / "tests" / "logcheck.py").read_text()
     assert "log_events.py" in logcheck and "log_events.PAGE" in logcheck
 
