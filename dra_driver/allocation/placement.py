@@ -58,7 +58,6 @@ class Weights:
         pairs: int | None = None,
     ) -> None:
         n = len(pair_scores)
-        self.n = n
         self.base = (n * (n - 1) // 2 if pairs is None else pairs) + 1
         b = self.base
         self.matrix: list[list[int]] = [
@@ -241,9 +240,9 @@ class _Search:
             for x in range(pos, m):
                 row = w[x]
                 vals = sorted(row[pos:x] + row[x + 1 :], reverse=True)[:width]
-                sums = list(itertools.accumulate(vals, initial=0))
-                sums.extend([sums[-1]] * (width + 1 - len(sums)))
-                rows.append(sums)
+                # Read at index r - 1 only while more than r positions remain (so r - 1 is
+                # below both k - 1 and the m - pos - 1 other entries): no padding needed.
+                rows.append(list(itertools.accumulate(vals, initial=0)))
             top.append(rows)
         return top
 
