@@ -255,6 +255,31 @@ def test_a_stopped_search_returns_a_consistent_set_and_stops_at_once(seed: int) 
         assert got.score == weights.score([*must, *got.items]) <= full.score
 
 
+@pytest.mark.parametrize("profile", ["dgx-1-v100", "dgx-h100", "gb200-nvl", "h100-nvl-pairs"])
+def test_a_search_stopped_at_once_still_answers_like_the_full_one(profile: str) -> None:
+    """What a search cut short returns is the starting heuristic's set (greedy, ties to the
+    earliest candidate, then swaps): on these boards that is already the full search's answer,
+    tie-break included."""
+    topo = _topo(profile)
+    weights = placement.Weights.from_topology(topo, list(topo.indices))
+    n = len(topo.indices)
+    for k in range(1, n):
+        full = placement.best_subset(weights, range(n), k)
+        cut = placement.best_subset(weights, range(n), k, node_limit=1)
+        assert full is not None and cut is not None and not cut.optimal
+        assert (cut.items, cut.score) == (full.items, full.score), k
+
+
+def test_the_starting_set_keeps_swapping_while_a_swap_helps() -> None:
+    """Greedy takes 0 then 1 (one link); swaps then go to {1, 4}, {3, 4} and {2, 3}."""
+    weights = _linked(
+        5, {(0, 1): (1, 0, 0), (1, 4): (2, 0, 0), (3, 4): (3, 0, 0), (2, 3): (5, 0, 0)}
+    )
+    cut = placement.best_subset(weights, range(5), 2, node_limit=1)
+    assert cut is not None and not cut.optimal
+    assert (cut.items, cut.score) == ((2, 3), (5, 0, 0))
+
+
 # --- fragmented real nodes ---------------------------------------------------------------
 
 PROFILES = ["dgx-1-v100", "hgx-16-mesh", "dgx-h100", "h100-nvl-pairs", "gb200-nvl", "pcie-l4"]
