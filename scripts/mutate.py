@@ -48,11 +48,14 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["dra_driver/driver/*"],
         # every in-process driver test: not the SIGKILL crash suites or podman (a mutant in a
         # child process or a container is invisible to mutmut)
-        sorted(
-            f"tests/driver/{p.name}"
-            for p in (REPO / "tests" / "driver").glob("test_*.py")
-            if p.stem not in DRIVER_OUT_OF_PROCESS
-        ),
+        [
+            *sorted(
+                f"tests/driver/{p.name}"
+                for p in (REPO / "tests" / "driver").glob("test_*.py")
+                if p.stem not in DRIVER_OUT_OF_PROCESS
+            ),
+            "tests/kubelet/test_dra_service.py",  # the driver behind the in-process gRPC server
+        ],
     ),
     "slices": (["dra_driver/slices/*"], ["tests/slices", "tests/fakeapi/test_admission.py"]),
     "placement": (["dra_driver/allocation/placement.py"], ["tests/allocation"]),
@@ -69,6 +72,35 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
 SURVIVED = 0  # mutmut's exit code of a mutant no test noticed
 NO_TESTS = (5, 33)  # no test reaches the mutated function: nothing would notice either
 LIST_ONLY = "__mutate_py_lists_mutants_only__"  # a name no mutant has: generate, test nothing
+
+
+# A pytest plugin for the workspace. mutmut runs the clean tests inside its own process and
+# then waits for *any* child (os.wait) to collect a mutant's result: a child the tests left
+# behind (an MPS daemon killed but not reaped) crashes it with a KeyError.
+REAPER = '''"""Ends and reaps every child process a test session leaves behind (see mutate.py)."""
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+
+def _children():
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                    found.append(int(entry.name))
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for pid in _children():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+'''
 
 
 def workspace(group: str, *, keep_results: bool = False) -> Path:
@@ -98,13 +130,17 @@ def workspace(group: str, *, keep_results: bool = False) -> Path:
         *(f"    {m}" for m in mutate),
         "also_copy=",
         "    tests",
+        "    mutate_reaper.py",
         "pytest_add_cli_args_test_selection=",
         *(f"    {t}" for t in tests),
         "pytest_add_cli_args=",
+        "    -p",
+        "    mutate_reaper",
         "    -q",
         "    -x",
     ]
     (root / "setup.cfg").write_text("\n".join(lines) + "\n")
+    (root / "mutate_reaper.py").write_text(REAPER)
     return root
 
 
