@@ -58,7 +58,6 @@ class Weights:
         pairs: int | None = None,
     ) -> None:
         n = len(pair_scores)
-        self.n = n
         self.base = (n * (n - 1) // 2 if pairs is None else pairs) + 1
         b = self.base
         self.matrix: list[list[int]] = [
@@ -111,13 +110,10 @@ def _symmetric(items: Sequence[_T | None], pair: Callable[[_T, _T], Score]) -> l
     """The full pair-score matrix from the upper triangle (``None`` items score nothing)."""
     n = len(items)
     rows: list[list[Score]] = [[(0, 0, 0)] * n for _ in range(n)]
-    for i, a in enumerate(items):
-        if a is None:
-            continue
-        for j in range(i + 1, n):
-            b = items[j]
-            if b is not None:
-                rows[i][j] = rows[j][i] = pair(a, b)
+    for i, j in itertools.combinations(range(n), 2):
+        a, b = items[i], items[j]
+        if a is not None and b is not None:
+            rows[i][j] = rows[j][i] = pair(a, b)
     return rows
 
 
@@ -241,26 +237,25 @@ class _Search:
             for x in range(pos, m):
                 row = w[x]
                 vals = sorted(row[pos:x] + row[x + 1 :], reverse=True)[:width]
-                sums = list(itertools.accumulate(vals, initial=0))
-                sums.extend([sums[-1]] * (width + 1 - len(sums)))
-                rows.append(sums)
+                # Read at index r - 1 only while more than r positions remain (so r - 1 is
+                # below both k - 1 and the m - pos - 1 other entries): no padding needed.
+                rows.append(list(itertools.accumulate(vals, initial=0)))
             top.append(rows)
         return top
 
     def run(self) -> None:
-        greedy, score = self._greedy()
-        if greedy is not None:
+        # The heuristic's set may be infeasible: with a predicate the search starts empty.
+        start = self._greedy() if self.feasible is None else None
+        if start is not None:
             # Demand strict improvement over (score - 1): the lexicographically first set that
             # scores at least as well as the heuristic is still met and recorded by the search.
-            self.best_set, self.best_score = greedy, score - 1
+            self.best_set, self.best_score = start[0], start[1] - 1
         self._dfs(0, 0, list(self.gain), self.k)
-        if greedy is not None and self.best_score == score - 1:
-            self.best_score = score  # only when the node limit stopped the search
+        if start is not None and self.best_score == start[1] - 1:
+            self.best_score = start[1]  # only when the node limit stopped the search
 
-    def _greedy(self) -> tuple[tuple[int, ...] | None, int]:
+    def _greedy(self) -> tuple[tuple[int, ...], int]:
         """Greedy pick plus one-swap improvement: a good starting incumbent."""
-        if self.feasible is not None:
-            return None, 0
         w, m, k = self.w, self.m, self.k
         gain = list(self.gain)
         chosen: list[int] = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import oracles
 import pytest
@@ -124,17 +123,15 @@ def test_greedy_is_not_enough_on_the_16_gpu_profile() -> None:
     assert weights.score(chosen) < brute.score == ours.score
 
 
-def test_16_choose_8_is_fast() -> None:
+def test_16_choose_8_visits_few_nodes() -> None:
+    """Brute force tries C(16, 8) = 12870 sets; the search visits a few hundred nodes (counted,
+    not timed, so a loaded machine cannot flake it; an exponential regression still fails)."""
     topo = _topo("hgx-16-mesh")
-    samples = []
-    for _ in range(15):
-        start = time.perf_counter()
-        oracles.choose(topo, list(topo.indices), 8)
-        samples.append(time.perf_counter() - start)
-    samples.sort()
-    # Target 10 ms on a slow 2-core machine; a loose bound here so CI noise does not flake,
-    # while an exponential regression (brute force takes ~100x longer) still fails.
-    assert samples[len(samples) // 2] < 0.05
+    weights = placement.Weights.from_topology(topo, list(topo.indices))
+    found = placement.best_subset(weights, range(16), 8)
+    assert found is not None and found.optimal and found.nodes <= 250
+    every_size = [placement.best_subset(weights, range(16), k) for k in range(1, 16)]
+    assert sum(p.nodes for p in every_size if p is not None) <= 5300  # 4.8k measured
 
 
 def test_attribute_weights_without_topology() -> None:
