@@ -122,7 +122,11 @@ def workspace(group: str, *, keep_results: bool = False) -> Path:
         for part in ("dra_driver", "tests"):
             shutil.rmtree(root / part, ignore_errors=True)
             shutil.rmtree(root / "mutants" / part / "__pycache__", ignore_errors=True)
-        shutil.rmtree(root / "mutants" / "tests", ignore_errors=True)
+        for stale in ("tests", "scripts", "docs", "benchmarks", "deployments"):
+            shutil.rmtree(root / "mutants" / stale, ignore_errors=True)
+        # mutmut collects coverage only for test names it has not seen: a rewritten test that
+        # kept its name would keep its old reach. One stats pass more, the right tests run.
+        (root / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     else:
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
