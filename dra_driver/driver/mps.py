@@ -319,7 +319,10 @@ class MpsDaemons:
             )
         shutil.rmtree(dirs.root, ignore_errors=True)
         atomicfile.remove(self._path(record.id), durable=False)
-        self.log.info("stopped MPS control daemon", daemon=record.id, pid=pid)
+        if pid is None:  # it had exited already (or never started): nothing was signalled
+            self.log.info("stopped MPS control daemon; no process was left", daemon=record.id)
+        else:
+            self.log.info("stopped MPS control daemon", daemon=record.id, pid=pid)
 
     def _compute_mode(self, uuid: str, mode: control.ComputeMode) -> None:
         if self.gpu_control is None:
