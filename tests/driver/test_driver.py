@@ -9,8 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import structlog
 
+from dra_driver import logs
 from dra_driver.driver import checkpoint, claims, results
+from dra_driver.driver import driver as driver_mod
 from dra_driver.kube import api as kube
 
 from .conftest import Node, claim_obj, gpu_config, new_uid, opaque
@@ -233,6 +236,39 @@ def test_cleanup_unprepares_claims_gone_from_the_api(node: Node) -> None:
     second = {r.uid for r in node.driver.cleanup()}
     assert first | second == {gone.uid, swapped.uid}
     assert node.spec_files() == [f"k8s.gpu.nvidia.com-claim_{keep.uid}.json"]
+
+
+def test_the_cleanup_loop_unprepares_a_deleted_claim_on_its_own(node: Node) -> None:
+    ref = node.add(claim_obj(name="gone", uid=new_uid(), devices=["gpu-1"]))
+    prepared_ok(node.driver.prepare([ref])[ref.uid])
+    node.api.delete_resource_claim("default", "gone")
+    loop = driver_mod.CleanupLoop(driver=node.driver, interval_s=0.01, log=logs.get("test"))
+    assert loop.interval_s == 0.01 and loop._thread.name == "claim-cleanup"
+    assert loop._failed == "claim clean-up failed; will retry"
+    loop.start()
+    try:
+        deadline = time.monotonic() + 20
+        while node.spec_files() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        loop.stop()
+    assert node.spec_files() == [] and node.driver.state.store.records() == []
+
+
+def test_cleanup_releases_devices_held_without_a_prepared_claim(node: Node) -> None:
+    stray = claims.ClaimRef(uid=new_uid(), namespace="default", name="rolled-back")
+    gpu3 = claims.AllocatedDevice(
+        request="gpu", pool="n1", device="gpu-3", admin_access=False, share_id=None, configs=()
+    )
+    node.driver.state.ownership.reserve(stray, [gpu3])  # what a rollback that died leaves
+    ref = node.add(claim_obj(name="next", uid=new_uid(), devices=["gpu-3"]))
+    assert "already prepared for claim uid" in node.driver.prepare([ref])[ref.uid].error
+    with structlog.testing.capture_logs() as logged:
+        assert node.driver.cleanup() == []
+    assert [(e["event"], e.get("claim_uid")) for e in logged if e["log_level"] == "warning"] == [
+        ("released devices held without a prepared claim", stray.uid)
+    ]
+    prepared_ok(node.driver.prepare([ref])[ref.uid])
 
 
 def test_restart_recovers_started_completed_orphans_and_lost_specs(node: Node) -> None:

@@ -10,8 +10,10 @@ import time
 from collections.abc import Callable
 
 import pytest
+import structlog
 
-from dra_driver.driver import mps
+from dra_driver.devices import control
+from dra_driver.driver import atomicfile, mps, mpsprocess
 
 from . import sharekit
 from .conftest import Node, claim_obj, gpu_config, new_uid, opaque
@@ -39,6 +41,7 @@ def test_shares_run_through_one_daemon_started_first_and_stopped_last(node: Node
     assert set(sharekit.daemon_records(node)) == {"gpu-0"}
     record = sharekit.daemon_records(node)["gpu-0"]
     assert record["state"] == "Running"
+    assert record["startTime"] == mpsprocess.start_time(record["pid"])  # tells a reused pid apart
     assert record["devices"] == [{"name": "gpu-0", "uuid": gpu0, "kind": "gpu"}]
     assert sharekit.daemon_pids(node) == {"gpu-0": record["pid"]}
     assert sharekit.exclusive_gpus(node) == {gpu0}
@@ -318,3 +321,84 @@ def test_mps_on_a_dynamic_mig_device_is_refused_naming_it(
     plain = mig_node.add(claim_obj(name="p", uid=new_uid(), devices=[device]))
     assert mig_node.driver.prepare([plain])[plain.uid].error == ""
     assert mig_node.driver.unprepare([plain]) == {plain.uid: ""}
+
+
+def test_a_daemon_is_stopped_as_the_process_its_record_names(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = node.add(share_claim("s", share("gpu-2", memory="4Gi")))
+    assert node.driver.prepare([ref])[ref.uid].error == ""
+    assert node.driver.state.mps is not None
+    daemons = node.driver.state.mps.daemons
+    record = sharekit.daemon_records(node)["gpu-2"]
+    ended: list[tuple[int, int | None]] = []
+    real_end = daemons.processes.end
+
+    def end(pipe: object, pid: int, start_time: int | None) -> None:
+        ended.append((pid, start_time))
+        real_end(pipe, pid, start_time)  # type: ignore[arg-type]
+
+    removed: list[tuple[str, bool]] = []
+    real_remove = atomicfile.remove
+
+    def remove(path: object, *, durable: bool = True) -> bool:
+        removed.append((str(path), durable))
+        return real_remove(path, durable=durable)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(daemons.processes, "end", end)
+    monkeypatch.setattr(atomicfile, "remove", remove)
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    assert ended == [(record["pid"], record["startTime"])]
+    # Daemon records are never fsynced: a record means nothing after a reboot.
+    assert (str(sharekit.mps_root(node) / "daemons" / "gpu-2.json"), False) in removed
+    assert daemons._log_tail(daemons.dirs("never-started")) == "no output"
+
+
+def test_a_failed_start_whose_undo_fails_too_is_one_clear_claim_error(
+    node_factory: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = node_factory()
+    assert node.driver.state.mps is not None
+    daemons = node.driver.state.mps.daemons
+    daemons.processes.command = ("/bin/sh", "-c", "echo 'no /dev/nvidiactl' >&2; exit 3", "x")
+    gpu_control = daemons.gpu_control
+    assert gpu_control is not None
+    real_set = gpu_control.set_compute_mode
+
+    def set_mode(uuid: str, mode: control.ComputeMode) -> None:
+        if mode == "Default":
+            raise control.ControlError(f"GPU {uuid}: GPU is lost")
+        real_set(uuid, mode)
+
+    monkeypatch.setattr(gpu_control, "set_compute_mode", set_mode)
+    ref = node.add(share_claim("broken", share("gpu-0", memory="2Gi")))
+    error = node.driver.prepare([ref])[ref.uid].error
+    assert error == (
+        f"{ref}: cannot start MPS control daemon gpu-0: the daemon exited at start: "
+        "no /dev/nvidiactl"
+    )
+    # The undo that failed left the record (Stopping): the next start-up finishes the job.
+    assert sharekit.daemon_records(node)["gpu-0"]["state"] == "Stopping"
+
+
+def test_a_daemon_that_cannot_be_restarted_is_logged_and_left(node: Node) -> None:
+    ref = node.add(share_claim("s", share("gpu-4", memory="4Gi")))
+    assert node.driver.prepare([ref])[ref.uid].error == ""
+    assert node.driver.state.mps is not None
+    daemons = node.driver.state.mps.daemons
+    first = sharekit.daemon_pids(node)["gpu-4"]
+    os.kill(first, signal.SIGKILL)
+    assert wait_for(lambda: not daemons.processes.alive(first, None))
+    daemons.processes.command = ("/bin/sh", "-c", "exit 3", "x")
+    with structlog.testing.capture_logs() as logged:
+        assert daemons.supervise() == []
+    errors = [(e["event"], e.get("daemon")) for e in logged if e["log_level"] == "error"]
+    assert errors == [
+        ("MPS daemon died; restarting it", "gpu-4"),
+        ("cannot restart MPS daemon", "gpu-4"),
+    ]
+    [failed] = [e for e in logged if e["event"] == "cannot restart MPS daemon"]
+    assert failed["error"] == (
+        "supervision: cannot start MPS control daemon gpu-4: the daemon exited at start: "
+        "no output"
+    )
