@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from dra_driver.devices import fake
+from dra_driver.devices import fake, migcontrol, migprofiles
 from dra_driver.driver import cdi, claims, config, driverfiles, inventory
 
 from .conftest import REFERENCE, make_driver_root
@@ -104,6 +104,43 @@ def test_mig_device_gets_its_capability_nodes(tmp_path: Path) -> None:
     assert broken and "no capability minor for gpu" in broken[0].problem
     table = inventory.parse_mig_minors("config 1\nmonitor 2\ngpu0/gi1/access 21\nbogus\n")
     assert table == {"config": 1, "monitor": 2, "gpu0/gi1/access": 21}
+
+
+def test_capability_nodes_of_dynamic_instances_fake_and_real() -> None:
+    # Fake mode: made-up but stable and distinct numbers per GPU minor, GI and CI.
+    assert inventory.mig_nodes(1, 2, 3, None) == (
+        ("/dev/nvidia-caps/nvidia-cap223", "/dev/nvidia-caps/nvidia-cap227"),
+        "",
+    )
+    table = {"gpu0/gi1/access": 30, "gpu0/gi1/ci0/access": 31}
+    assert inventory.mig_nodes(0, 1, 0, table) == (
+        ("/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"),
+        "",
+    )
+    assert inventory.mig_nodes(0, 2, 0, table) == (
+        (),
+        "no capability minor for gpu0/gi2/access, gpu0/gi2/ci0/access in "
+        "/proc/driver/nvidia-caps/mig-minors (is the MIG device still there?)",
+    )
+    devs = fake.FakeBackend.from_name("h100-mig").discover()
+    inv = inventory.build(devs, mig_minors=table, dynamic=migprofiles.DynamicMig.parse("all"))
+    planned = inv.devices["gpu-0-mig-1g-10gb-0"]
+    assert planned.placement is not None
+    made = migcontrol.Instance(
+        parent_uuid=planned.placement.parent_uuid,
+        profile_id=planned.placement.profile_id,
+        start=0,
+        size=1,
+        gpu_instance_id=7,
+        compute_instance_id=0,
+        uuid="MIG-made",
+    )
+    created = inv.created(planned, made)
+    assert created.uuid == "MIG-made" and created.device_nodes == ("/dev/nvidia0",)
+    assert created.problem == (
+        "no capability minor for gpu0/gi7/access, gpu0/gi7/ci0/access in "
+        "/proc/driver/nvidia-caps/mig-minors (is the MIG device still there?)"
+    )
 
 
 def test_real_mode_plain_spec_is_0_3_or_0_5_and_uses_host_nodes(tmp_path: Path) -> None:

@@ -174,3 +174,24 @@ def test_a_completed_record_that_differs_replaces_the_file_whole(tmp_path: Path)
     (tmp_path / "claims/u3.json").unlink()  # removed behind its back: never a lost commit
     s.put(record("u3"))
     assert sorted(r.uid for r in store(tmp_path).load().records) == ["u1", "u2", "u3"]
+
+
+def test_a_file_failing_without_a_message_is_moved_aside_naming_the_error_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = store(tmp_path)
+    s.load()
+    s.put(record("u1"))
+    real_read = checkpoint.read_file
+
+    def silent(path: Path) -> bytes:
+        if path.name == "u1.json":
+            raise ValueError()  # an error with no text of its own
+        return real_read(path)
+
+    monkeypatch.setattr(checkpoint, "read_file", silent)
+    with structlog.testing.capture_logs() as logged:
+        report = store(tmp_path).load()
+    assert report.records == [] and len(report.moved_aside) == 1
+    [line] = [e for e in logged if e["log_level"] == "error"]
+    assert line["reason"] == "ValueError" and line["moved_to"] == str(report.moved_aside[0])

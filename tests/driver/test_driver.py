@@ -333,3 +333,16 @@ def test_parallel_prepare_beats_serial(node_factory: Callable[..., Node]) -> Non
 
     assert timed(serial=True) > 0.4
     assert timed(serial=False) < 0.3
+
+
+def test_unprepare_says_whether_the_claim_was_prepared_here(node: Node) -> None:
+    ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"]))
+    prepared_ok(node.driver.prepare([ref])[ref.uid])
+    with structlog.testing.capture_logs() as logged:
+        assert node.driver.unprepare([ref]) == {ref.uid: ""}
+        assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    debug = [(e["event"], e["claim_uid"]) for e in logged if e["log_level"] == "debug"]
+    assert debug == [
+        ("unprepared claim", ref.uid),
+        ("unprepare of a claim not prepared here", ref.uid),
+    ]

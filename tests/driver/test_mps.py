@@ -8,12 +8,13 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import structlog
 
 from dra_driver.devices import control
-from dra_driver.driver import atomicfile, mps, mpsprocess
+from dra_driver.driver import atomicfile, mps, mpsclaims, mpsprocess
 
 from . import sharekit
 from .conftest import Node, claim_obj, gpu_config, new_uid, opaque
@@ -399,6 +400,18 @@ def test_a_daemon_that_cannot_be_restarted_is_logged_and_left(node: Node) -> Non
     ]
     [failed] = [e for e in logged if e["event"] == "cannot restart MPS daemon"]
     assert failed["error"] == (
-        "supervision: cannot start MPS control daemon gpu-4: the daemon exited at start: "
-        "no output"
+        "supervision: cannot start MPS control daemon gpu-4: the daemon exited at start: no output"
     )
+
+
+def test_a_zero_thread_percentage_is_passed_on_as_zero(tmp_path: Path) -> None:
+    dirs = mps.Dirs(
+        root=tmp_path, pipe=tmp_path / "pipe", log=tmp_path / "log", shm=tmp_path / "shm"
+    )
+    gpu = mps.DaemonDevice(name="gpu-0", uuid="GPU-a", kind="gpu")
+    edits = mpsclaims.edits([mpsclaims.Need("claim-x", gpu, 1 << 30, 0)], dirs=dirs)
+    assert edits["env"] == [
+        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-a=1024M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=0",
+    ]

@@ -304,3 +304,15 @@ def test_without_gpu_control_time_slicing_is_refused_clearly() -> None:
     with pytest.raises(sharing.SharingError, match=r"gpu-0 asks for TimeSlicing:Short.*without"):
         gpu_sharing.apply(ref, [target])
     gpu_sharing.apply(ref, [])  # nothing asked, nothing needed
+
+
+def test_time_slicing_without_an_interval_is_recorded_as_the_default_interval(rig: Rig) -> None:
+    ref = rig.node.add(_claim(name="ts", uid=new_uid(), devices=["gpu-2"], config=[time_sliced()]))
+    assert rig.node.driver.prepare([ref])[ref.uid].error == ""
+    record = rig.node.driver.state.store.get(ref.uid)
+    assert record is not None
+    assert sharing.recorded_targets(record, rig.node.driver.state.devices) == (
+        sharing.Target(device="gpu-2", uuid=rig.uuid("gpu-2"), interval="Default"),
+    )
+    assert rig.sharing().applied() == {rig.uuid("gpu-2"): "TimeSlicing:Default"}
+    assert rig.node.driver.unprepare([ref]) == {ref.uid: ""}
