@@ -346,3 +346,44 @@ def test_unprepare_says_whether_the_claim_was_prepared_here(node: Node) -> None:
         ("unprepared claim", ref.uid),
         ("unprepare of a claim not prepared here", ref.uid),
     ]
+
+
+def test_an_unexpected_failure_is_an_internal_error_naming_the_claim_and_operation(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"]))
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(node.driver.state, "prepare", broken)
+    monkeypatch.setattr(node.driver.state, "unprepare", broken)
+    assert node.driver.prepare([ref])[ref.uid].error == (
+        f"{ref}: prepare failed: internal error: RuntimeError: a bug"
+    )
+    assert node.driver.unprepare([ref]) == {
+        ref.uid: f"{ref}: unprepare failed: internal error: RuntimeError: a bug"
+    }
+
+
+def test_a_failing_gauge_update_never_costs_the_answer(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"]))
+
+    def broken() -> None:
+        raise OSError("checkpoint directory went away")
+
+    monkeypatch.setattr(node.driver, "update_gauges", broken)
+    with structlog.testing.capture_logs() as logged:
+        prepared_ok(node.driver.prepare([ref])[ref.uid])
+    assert [e["event"] for e in logged if e["log_level"] == "error"] == [
+        "cannot update the prepared-claims gauges"
+    ]
+
+
+def test_a_bad_config_names_the_claim_it_belongs_to(node: Node) -> None:
+    params = gpu_config(sharing={"strategy": "Exclusive"}, colour="blue")
+    ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"], config=[opaque(params)]))
+    error = node.driver.prepare([ref])[ref.uid].error
+    assert error == f"{ref}: opaque config[0] (FromClaim): field colour: unknown field"

@@ -201,7 +201,10 @@ def test_admin_access_to_a_placement_is_a_clear_error(mig_node: Node) -> None:
     ]
     ref = mig_node.add(claim_obj(name="admin", uid=new_uid(), results=results))
     error = mig_node.driver.prepare([ref])[ref.uid].error
-    assert "dynamic MIG placement; adminAccess" in error
+    assert error == (
+        f"{ref}: device gpu-0-mig-1g-10gb-0 is a dynamic MIG placement; adminAccess to a MIG "
+        "instance another claim creates is not supported"
+    )
     assert layout(mig_node) == []
 
 

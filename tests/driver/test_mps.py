@@ -415,3 +415,21 @@ def test_a_zero_thread_percentage_is_passed_on_as_zero(tmp_path: Path) -> None:
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-a=1024M",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=0",
     ]
+
+
+def test_a_per_device_limit_for_no_device_of_the_claim_names_the_claims_devices(
+    node: Node,
+) -> None:
+    g0, g1 = sharekit.uuid_of(node, "gpu-0"), sharekit.uuid_of(node, "gpu-1")
+    params = gpu_config(
+        sharing={"strategy": "MPS", "mps": {"perDevicePinnedMemoryLimits": {"2": "2Gi"}}}
+    )
+    ref = node.add(
+        claim_obj(name="x", uid=new_uid(), devices=["gpu-0", "gpu-1"], config=[opaque(params)])
+    )
+    error = node.driver.prepare([ref])[ref.uid].error
+    assert error.endswith(
+        ": mps.perDevicePinnedMemoryLimits key '2' names no device of this claim that uses MPS "
+        f"(UUIDs {g0}, {g1}, or an index below 2)"
+    ), error
+    assert sharekit.daemon_records(node) == {} and node.spec_files() == []
