@@ -371,12 +371,18 @@ class MpsDaemons:
                 pid = self.processes.find(pipe)
                 if pid is not None:
                     self.processes.end(pipe, pid, None)
-                self.log.error(
-                    "unreadable MPS daemon record removed; its daemon is ended, but the compute "
-                    "mode of its GPU is unknown and may still be ExclusiveProcess",
-                    file=str(path),
-                    daemon_pid=pid,
-                )
+                    self.log.error(
+                        "unreadable MPS daemon record removed; its daemon is ended, but the "
+                        "compute mode of its GPU is unknown and may still be ExclusiveProcess",
+                        file=str(path),
+                        daemon_pid=pid,
+                    )
+                else:
+                    self.log.error(
+                        "unreadable MPS daemon record removed; no daemon of it ran, but the "
+                        "compute mode of its GPU is unknown and may still be ExclusiveProcess",
+                        file=str(path),
+                    )
             elif record.bootId == self.boot_id:
                 continue
             shutil.rmtree(self.root / path.stem, ignore_errors=True)
