@@ -295,13 +295,28 @@ def test_a_daemon_that_does_not_come_up_fails_the_claim_and_undoes_everything(
     assert node.spec_files() == [] and not list(node.claims_dir.glob("*.json"))
 
 
-def test_an_unreadable_daemon_record_is_removed_and_its_daemon_ended(node: Node) -> None:
+def test_an_unreadable_daemon_record_is_removed_and_its_daemon_ended(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ref = node.add(share_claim("u", share("gpu-3", memory="4Gi")))
     assert node.driver.prepare([ref])[ref.uid].error == ""
+    pid = sharekit.daemon_pids(node)["gpu-3"]
     (node.claims_dir / f"{ref.uid}.json").unlink()  # nothing wants the daemon any more
     record = sharekit.mps_root(node) / "daemons" / "gpu-3.json"
     record.write_text("{not json")
-    node.restart()
+    removed: list[tuple[str, bool]] = []
+    real_remove = atomicfile.remove
+
+    def remove(path: object, *, durable: bool = True) -> bool:
+        removed.append((str(path), durable))
+        return real_remove(path, durable=durable)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(atomicfile, "remove", remove)
+    with structlog.testing.capture_logs() as logged:
+        node.restart()
+    [line] = [e for e in logged if e["event"].startswith("unreadable MPS daemon record")]
+    assert line["file"] == str(record) and line["daemon_pid"] == pid
+    assert (str(record), False) in removed  # never fsynced: means nothing after a reboot
     assert wait_for(lambda: sharekit.daemon_pids(node) == {})
     assert not record.exists() and sharekit.daemon_dirs(node) == set()
 
@@ -402,6 +417,11 @@ def test_a_daemon_that_cannot_be_restarted_is_logged_and_left(node: Node) -> Non
     assert failed["error"] == (
         "supervision: cannot start MPS control daemon gpu-4: the daemon exited at start: no output"
     )
+    # Start-up recovery tries too, and reports the daemon it could not bring back.
+    mps_claims = node.driver.state.mps
+    assert mps_claims.recover(node.driver.state.store.records()) == [
+        "recovery: cannot start MPS control daemon gpu-4: the daemon exited at start: no output"
+    ]
 
 
 def test_a_zero_thread_percentage_is_passed_on_as_zero(tmp_path: Path) -> None:
@@ -433,3 +453,14 @@ def test_a_per_device_limit_for_no_device_of_the_claim_names_the_claims_devices(
         f"(UUIDs {g0}, {g1}, or an index below 2)"
     ), error
     assert sharekit.daemon_records(node) == {} and node.spec_files() == []
+
+
+def test_an_unreadable_daemon_record_without_a_daemon_is_removed(node: Node) -> None:
+    ref = node.add(share_claim("u", share("gpu-3", memory="4Gi")))
+    assert node.driver.prepare([ref])[ref.uid].error == ""
+    (node.claims_dir / f"{ref.uid}.json").unlink()  # nothing wants the daemon any more
+    sharekit.kill_daemons(node)
+    record = sharekit.mps_root(node) / "daemons" / "gpu-3.json"
+    record.write_text("{not json")
+    node.restart()
+    assert not record.exists() and sharekit.daemon_dirs(node) == set()
