@@ -150,6 +150,9 @@ def test_a_daemon_that_died_is_restarted_by_supervision_and_recovery(node: Node)
     assert wait_for(lambda: not daemons.processes.alive(second, None))
     node.restart()  # recovery brings back the daemon of a prepared share
     assert set(sharekit.daemon_pids(node)) == {"gpu-5"}
+    # Stray daemon directories go; the records and the lock files (another agent may hold
+    # one during a rolling update) stay.
+    assert {p.name for p in sharekit.mps_root(node).iterdir()} == {"daemons", "locks", "gpu-5"}
     assert node.driver.unprepare([ref]) == {ref.uid: ""}
 
 

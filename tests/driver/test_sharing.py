@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import refdata
+import structlog
 
 from dra_driver import app, logs
 from dra_driver.devices import control, fake
@@ -319,3 +320,16 @@ def test_time_slicing_without_an_interval_is_recorded_as_the_default_interval(ri
     )
     assert rig.sharing().applied() == {rig.uuid("gpu-2"): "TimeSlicing:Default"}
     assert rig.node.driver.unprepare([ref]) == {ref.uid: ""}
+
+
+def test_a_setting_that_cannot_be_reapplied_at_start_up_is_reported_per_claim(rig: Rig) -> None:
+    ref = rig.node.add(
+        _claim(name="c", uid=new_uid(), devices=["gpu-1"], config=[time_sliced("Long")])
+    )
+    assert rig.node.driver.prepare([ref])[ref.uid].error == ""
+    rig.state.write_text("{}")  # the card lost its settings
+    gpu1 = rig.uuid("gpu-1")
+    with structlog.testing.capture_logs() as logged:
+        rig.restart(wrap=lambda inner: OneShot(inner, gpu1, "timeslice"))
+    problems = [e["problem"] for e in logged if e["log_level"] == "error"]
+    assert problems == [f"claim uid {ref.uid}: device gpu-1: GPU {gpu1}: injected failure"]
