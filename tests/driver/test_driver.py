@@ -387,3 +387,30 @@ def test_a_bad_config_names_the_claim_it_belongs_to(node: Node) -> None:
     ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"], config=[opaque(params)]))
     error = node.driver.prepare([ref])[ref.uid].error
     assert error == f"{ref}: opaque config[0] (FromClaim): field colour: unknown field"
+
+
+def test_restart_rewrites_only_specs_that_are_missing_or_differ(node: Node) -> None:
+    same = node.add(claim_obj(name="same", uid=new_uid(), devices=["gpu-0"]))
+    lost = node.add(claim_obj(name="lost", uid=new_uid(), devices=["gpu-1"]))
+    node.driver.prepare([same, lost])
+    node.driver.state.specs.remove(lost.uid)
+    with structlog.testing.capture_logs() as logged:
+        node.restart()
+    warned = [(e["event"], e.get("claim_uid")) for e in logged if e["log_level"] == "warning"]
+    assert warned == [("restored the missing CDI spec of a prepared claim", lost.uid)]
+    assert len(node.spec_files()) == 2
+
+
+def test_restart_reports_a_prepared_claim_it_cannot_take_back(node: Node) -> None:
+    ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"]))
+    prepared_ok(node.driver.prepare([ref])[ref.uid])
+    record = node.driver.state.store.get(ref.uid)
+    assert record is not None
+    twin = record.model_copy(update={"uid": new_uid(), "name": "twin"})
+    node.driver.state.store.put(twin)  # a second record of the same GPU (a corrupted state)
+    node.driver.state.specs.write(twin.uid, twin.cdiSpec)
+    with structlog.testing.capture_logs() as logged:
+        node.restart()
+    [line] = [e for e in logged if e["log_level"] == "error"]
+    assert line["event"] == "prepared claim is inconsistent after restart"
+    assert "device n1/gpu-0 is already prepared for claim uid" in line["error"]

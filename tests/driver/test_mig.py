@@ -170,8 +170,12 @@ def test_recovery_keeps_owned_instances_and_destroys_orphans(mig_node: Node) -> 
         migcontrol.Placement(GPU0.uuid, "1g.10gb", profile.id, profile.slot, start=6, size=1)
     )
     assert layout(mig_node) == [("1g.10gb", 6), ("3g.40gb", 0)]
-    mig_node.restart()
+    with structlog.testing.capture_logs() as logged:
+        mig_node.restart()
     assert layout(mig_node) == [("3g.40gb", 0)]
+    [destroyed] = [e for e in logged if e["event"] == "destroyed MIG instance"]
+    assert destroyed["reason"] == "no prepared claim owns it"
+    assert (destroyed["gpu_uuid"], destroyed["placement_start"]) == (GPU0.uuid, 6)
     assert mig_node.driver.prepare([kept])[kept.uid].error == ""  # answered from the checkpoint
     assert mig_node.driver.unprepare([kept]) == {kept.uid: ""}
     assert layout(mig_node) == []

@@ -185,6 +185,14 @@ def test_mps_asked_by_config_on_an_exclusive_claim_gets_its_own_daemon(node: Nod
     assert node.driver.prepare([ref])[ref.uid].error == ""
     daemon = f"claim-{ref.uid}"
     assert set(sharekit.daemon_records(node)) == {daemon}
+    # What recovery reads back from the claim records: one daemon, both devices, once each.
+    records = node.driver.state.store.records()
+    assert mpsclaims.recorded_daemons(records + records, node.driver.state.devices) == {
+        daemon: [
+            mps.DaemonDevice(name="gpu-0", uuid=g0, kind="gpu"),
+            mps.DaemonDevice(name="gpu-1", uuid=g1, kind="gpu"),
+        ]
+    }
     assert sharekit.daemon_records(node)[daemon]["devices"] == [
         {"name": "gpu-0", "uuid": g0, "kind": "gpu"},
         {"name": "gpu-1", "uuid": g1, "kind": "gpu"},

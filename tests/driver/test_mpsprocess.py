@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.driver import mpsprocess
+from dra_driver.driver import driverfiles, mpsprocess
 
 
 def dirs(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -142,3 +142,35 @@ def test_ending_gives_up_after_sigkill_grace(
     monkeypatch.setattr(procs, "alive", lambda pid, start_time: True)  # never dies
     procs.end(tmp_path / "pipe", 77, None)
     assert clock.now == pytest.approx(1.0 + 2.0 + 5.0, abs=0.05)
+
+
+def test_the_program_is_the_stand_in_on_fake_nodes_else_the_driver_roots() -> None:
+    assert mpsprocess.program(fake=True, files=(), driver_root_is_slash=False) == (
+        (sys.executable, "-m", "dra_driver.devices.fakemps"),
+        {},
+    )
+    control = driverfiles.Mount(
+        host_path="/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control",
+        container_path="/usr/bin/nvidia-cuda-mps-control",
+        local_path="/driver-root/usr/bin/nvidia-cuda-mps-control",
+    )
+    libcuda = driverfiles.Mount(
+        host_path="/run/nvidia/driver/usr/lib64/libcuda.so.1",
+        container_path="/usr/lib64/libcuda.so.1",
+    )
+    files = (control, libcuda)
+    # This process runs the binary where it sees it; its libraries come from the driver root.
+    assert mpsprocess.program(fake=False, files=files, driver_root_is_slash=False) == (
+        ("/driver-root/usr/bin/nvidia-cuda-mps-control",),
+        {"LD_LIBRARY_PATH": "/run/nvidia/driver/usr/lib64"},
+    )
+    # The host's own driver (root "/"): its libraries are found the usual way.
+    assert mpsprocess.program(fake=False, files=files, driver_root_is_slash=True) == (
+        ("/driver-root/usr/bin/nvidia-cuda-mps-control",),
+        {},
+    )
+    assert mpsprocess.program(fake=False, files=(control,), driver_root_is_slash=False) == (
+        ("/driver-root/usr/bin/nvidia-cuda-mps-control",),
+        {},
+    )
+    assert mpsprocess.program(fake=False, files=(libcuda,), driver_root_is_slash=True) == ((), {})
