@@ -4,6 +4,7 @@ spec, daemons adopted across restarts and restarted when they die, MPS asked by 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -475,3 +476,18 @@ def test_an_unreadable_daemon_record_without_a_daemon_is_removed(node: Node) -> 
     record.write_text("{not json")
     node.restart()
     assert not record.exists() and sharekit.daemon_dirs(node) == set()
+
+
+def test_records_of_an_earlier_boot_are_dropped_and_this_boots_kept(node: Node) -> None:
+    ref = node.add(share_claim("s", share("gpu-3", memory="4Gi")))
+    assert node.driver.prepare([ref])[ref.uid].error == ""
+    daemons_dir = sharekit.mps_root(node) / "daemons"
+    old = dict(sharekit.daemon_records(node)["gpu-3"], id="gpu-4", bootId="boot-0", pid=1)
+    for name in ("gpu-4", "gpu-5"):  # after gpu-3.json, which is of this boot
+        (daemons_dir / f"{name}.json").write_text(json.dumps(dict(old, id=name)))
+        (sharekit.mps_root(node) / name / "pipe").mkdir(parents=True)
+    node.restart()
+    assert sorted(p.name for p in daemons_dir.iterdir()) == ["gpu-3.json"]
+    assert sharekit.daemon_dirs(node) == {"gpu-3"}
+    assert set(sharekit.daemon_pids(node)) == {"gpu-3"}  # adopted, still serving its claim
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}

@@ -331,5 +331,10 @@ def test_a_setting_that_cannot_be_reapplied_at_start_up_is_reported_per_claim(ri
     gpu1 = rig.uuid("gpu-1")
     with structlog.testing.capture_logs() as logged:
         rig.restart(wrap=lambda inner: OneShot(inner, gpu1, "timeslice"))
-    problems = [e["problem"] for e in logged if e["log_level"] == "error"]
-    assert problems == [f"claim uid {ref.uid}: device gpu-1: GPU {gpu1}: injected failure"]
+    problems = [(e["event"], e["problem"]) for e in logged if e["log_level"] == "error"]
+    assert problems == [
+        (
+            "GPU sharing settings could not be recovered",
+            f"claim uid {ref.uid}: device gpu-1: GPU {gpu1}: injected failure",
+        )
+    ]
