@@ -326,7 +326,11 @@ def test_an_unreadable_daemon_record_is_removed_and_its_daemon_ended(
     monkeypatch.setattr(atomicfile, "remove", remove)
     with structlog.testing.capture_logs() as logged:
         node.restart()
-    [line] = [e for e in logged if e["event"].startswith("unreadable MPS daemon record")]
+    [line] = [e for e in logged if e["log_level"] == "error"]
+    assert line["event"] == (
+        "unreadable MPS daemon record removed; its daemon is ended, but the compute mode of its "
+        "GPU is unknown and may still be ExclusiveProcess"
+    )
     assert line["file"] == str(record) and line["daemon_pid"] == pid
     assert (str(record), False) in removed  # never fsynced: means nothing after a reboot
     assert wait_for(lambda: sharekit.daemon_pids(node) == {})
