@@ -199,6 +199,9 @@ def test_write_is_atomic_and_remove_idempotent(tmp_path: Path) -> None:
         ({"dotted_class": True}, "0.6.0"),
         ({"gids": True}, "0.7.0"),
         ({"net": True}, "1.1.0"),
+        ({"rdt": True}, "0.7.0"),
+        ({"rdt_schemata": True}, "1.1.0"),
+        ({"rdt_monitoring": True}, "1.1.0"),
     ],
 )
 def test_minimum_version(change: dict[str, bool], version: str) -> None:
@@ -223,6 +226,15 @@ def test_minimum_version(change: dict[str, bool], version: str) -> None:
                         }
                     ],
                     **({"additionalGids": [5]} if change.get("gids") else {}),
+                    **({"intelRdt": {"closID": "c"}} if change.get("rdt") else {}),
+                    **(
+                        {"intelRdt": {"schemata": ["L3:0=f"]}} if change.get("rdt_schemata") else {}
+                    ),
+                    **(
+                        {"intelRdt": {"enableMonitoring": True}}
+                        if change.get("rdt_monitoring")
+                        else {}
+                    ),
                     **(
                         {"netDevices": [{"hostInterfaceName": "a", "name": "b"}]}
                         if change.get("net")
@@ -237,15 +249,42 @@ def test_minimum_version(change: dict[str, bool], version: str) -> None:
     assert cdi.minimum_version(spec) == version
 
 
-def test_stricter_checks_than_the_schema(cdi_validator: jsonschema.protocols.Validator) -> None:
-    bad = {
+STRICTER_BAD: dict[str, Any] = {
+    "cdiVersion": "0.3.0",
+    "kind": "-vendor/cl.ass",
+    "devices": [
+        {"name": "-x", "containerEdits": {}},
+        {"name": "-x", "containerEdits": {"env": ["=1"], "deviceNodes": [{"path": "dev"}]}},
+    ],
+    "containerEdits": {"env": ["NOVALUE"], "deviceNodes": [{"path": "dev/nvidiactl"}]},
+}
+
+
+def test_what_our_checks_refuse_is_named_exactly() -> None:
+    assert cdi.check(STRICTER_BAD) == [
+        "cdiVersion 0.3.0 is below the required 0.6.0",
+        "kind '-vendor/cl.ass' is not a valid vendor/class",
+        "devices[0].name '-x' is not a valid CDI device name",
+        "devices[0] (-x) has empty containerEdits",
+        "devices[1].name '-x' is not a valid CDI device name",
+        "devices[1].name '-x' is not unique",
+        "containerEdits.env entry 'NOVALUE' is not NAME=VALUE",
+        "containerEdits.deviceNodes path 'dev/nvidiactl' is not absolute",
+        "devices[1].containerEdits.env entry '=1' is not NAME=VALUE",
+        "devices[1].containerEdits.deviceNodes path 'dev' is not absolute",
+    ]
+    good: dict[str, Any] = {
         "cdiVersion": "0.3.0",
-        "kind": "-vendor/cl.ass",
-        "devices": [
-            {"name": "-x", "containerEdits": {}},
-            {"name": "-x", "containerEdits": {"env": ["=1"], "deviceNodes": [{"path": "dev"}]}},
-        ],
+        "kind": "vendor.com/" + "c" * 63,
+        "devices": [{"name": "d", "containerEdits": {"env": ["A=1"]}}],
     }
+    assert cdi.check(good) == []
+    good["kind"] += "c"  # a class name is 63 characters at most
+    assert cdi.check(good) == [f"kind {good['kind']!r} is not a valid vendor/class"]
+
+
+def test_stricter_checks_than_the_schema(cdi_validator: jsonschema.protocols.Validator) -> None:
+    bad = STRICTER_BAD
     cdi_validator.validate(bad)  # the schema is happy ...
     problems = "; ".join(cdi.check(bad))  # ... we are not
     for expect in (
