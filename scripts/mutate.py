@@ -48,11 +48,14 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["dra_driver/driver/*"],
         # every in-process driver test: not the SIGKILL crash suites or podman (a mutant in a
         # child process or a container is invisible to mutmut)
-        sorted(
-            f"tests/driver/{p.name}"
-            for p in (REPO / "tests" / "driver").glob("test_*.py")
-            if p.stem not in DRIVER_OUT_OF_PROCESS
-        ),
+        [
+            *sorted(
+                f"tests/driver/{p.name}"
+                for p in (REPO / "tests" / "driver").glob("test_*.py")
+                if p.stem not in DRIVER_OUT_OF_PROCESS
+            ),
+            "tests/kubelet/test_dra_service.py",  # the driver behind the in-process gRPC server
+        ],
     ),
     "slices": (["dra_driver/slices/*"], ["tests/slices", "tests/fakeapi/test_admission.py"]),
     "placement": (["dra_driver/allocation/placement.py"], ["tests/allocation"]),

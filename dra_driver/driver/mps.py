@@ -319,10 +319,7 @@ class MpsDaemons:
             )
         shutil.rmtree(dirs.root, ignore_errors=True)
         atomicfile.remove(self._path(record.id), durable=False)
-        if pid is None:  # it had exited already (or never started): nothing was signalled
-            self.log.info("stopped MPS control daemon; no process was left", daemon=record.id)
-        else:
-            self.log.info("stopped MPS control daemon", daemon=record.id, pid=pid)
+        self.log.info("stopped MPS control daemon", daemon=record.id, pid=pid)
 
     def _compute_mode(self, uuid: str, mode: control.ComputeMode) -> None:
         if self.gpu_control is None:
@@ -371,18 +368,12 @@ class MpsDaemons:
                 pid = self.processes.find(pipe)
                 if pid is not None:
                     self.processes.end(pipe, pid, None)
-                    self.log.error(
-                        "unreadable MPS daemon record removed; its daemon is ended, but the "
-                        "compute mode of its GPU is unknown and may still be ExclusiveProcess",
-                        file=str(path),
-                        daemon_pid=pid,
-                    )
-                else:
-                    self.log.error(
-                        "unreadable MPS daemon record removed; no daemon of it ran, but the "
-                        "compute mode of its GPU is unknown and may still be ExclusiveProcess",
-                        file=str(path),
-                    )
+                self.log.error(
+                    "unreadable MPS daemon record removed; its daemon is ended, but the compute "
+                    "mode of its GPU is unknown and may still be ExclusiveProcess",
+                    file=str(path),
+                    daemon_pid=pid,
+                )
             elif record.bootId == self.boot_id:
                 continue
             shutil.rmtree(self.root / path.stem, ignore_errors=True)
