@@ -179,3 +179,14 @@ def test_a_temporary_already_gone_does_not_hide_the_write_error(
     with pytest.raises(OSError, match="No space"):
         atomicfile.write_bytes(tmp_path / "a.json", b"new", durable=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_short_writes_are_continued_until_everything_is_written(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:3])))
+    atomicfile.write_bytes(tmp_path / "a.json", b"0123456789", durable=False)
+    assert (tmp_path / "a.json").read_bytes() == b"0123456789"
+    os.close(atomicfile.create_open(tmp_path / "b.json", b"abcdefgh"))
+    assert (tmp_path / "b.json").read_bytes() == b"abcdefgh"
