@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -338,9 +339,14 @@ def test_parallel_prepare_beats_serial(node_factory: Callable[..., Node]) -> Non
 def test_unprepare_says_whether_the_claim_was_prepared_here(node: Node) -> None:
     ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"]))
     prepared_ok(node.driver.prepare([ref])[ref.uid])
-    with structlog.testing.capture_logs() as logged:
-        assert node.driver.unprepare([ref]) == {ref.uid: ""}
-        assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    level = structlog.get_config()["wrapper_class"]  # other tests may have set info
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with structlog.testing.capture_logs() as logged:
+            assert node.driver.unprepare([ref]) == {ref.uid: ""}
+            assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    finally:
+        structlog.configure(wrapper_class=level)
     debug = [(e["event"], e["claim_uid"]) for e in logged if e["log_level"] == "debug"]
     assert debug == [
         ("unprepared claim", ref.uid),

@@ -324,8 +324,17 @@ def test_an_unreadable_daemon_record_is_removed_and_its_daemon_ended(
         return real_remove(path, durable=durable)  # type: ignore[arg-type]
 
     monkeypatch.setattr(atomicfile, "remove", remove)
+    ended: list[tuple[int, int | None]] = []
+    real_end = mpsprocess.Processes.end
+
+    def end(self: mpsprocess.Processes, pipe: Path, pid: int, start_time: int | None) -> None:
+        ended.append((pid, start_time))
+        real_end(self, pipe, pid, start_time)
+
+    monkeypatch.setattr(mpsprocess.Processes, "end", end)
     with structlog.testing.capture_logs() as logged:
         node.restart()
+    assert ended == [(pid, None)]  # found by its marker: no start time to go by
     [line] = [e for e in logged if e["log_level"] == "error"]
     assert line["event"] == (
         "unreadable MPS daemon record removed; its daemon is ended, but the compute mode of its "
