@@ -39,6 +39,11 @@ MAY_BE_NULL = {
     ("device unhealthy", "ended"),  # no condition ended with this change
     ("device health changed", "ended"),
     ("stopped MPS control daemon", "pid"),  # a daemon that never got a process
+    (  # an unreadable record whose daemon does not run (any more)
+        "unreadable MPS daemon record removed; its daemon is ended, but the compute mode of its "
+        "GPU is unknown and may still be ExclusiveProcess",
+        "daemon_pid",
+    ),
 }
 SKIP_FILES = ("logs.py",)  # the stdlib bridge re-logs other libraries' records as they are
 HEADER = """# Log events

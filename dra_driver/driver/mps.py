@@ -361,7 +361,7 @@ class MpsDaemons:
         if not self.records_dir.is_dir():
             return
         atomicfile.remove_stale_temporaries(self.records_dir)
-        for path in self.records_dir.glob("*.json"):
+        for path in sorted(self.records_dir.glob("*.json")):
             record = self._read(path)
             if record is None:
                 pipe = self.root / path.stem / "pipe"

@@ -155,3 +155,38 @@ def test_create_open_gives_a_descriptor_for_updates_in_place(tmp_path: Path, how
         os.close(fd)
     assert target.read_bytes() == b'{"state":"B"}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_create_open_links_an_unnamed_file_where_it_can_with_the_mode_asked(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = calls(monkeypatch, "link", "replace")
+    target = tmp_path / "r.json"
+    os.close(atomicfile.create_open(target, b"{}\n", mode=0o600))
+    assert target.read_bytes() == b"{}\n" and target.stat().st_mode & 0o777 == 0o600
+    # O_TMPFILE: one link, no temporary name; the portable way: a named file renamed.
+    assert seen == (["link"] if how == "unnamed" else ["replace"])
+
+
+def test_a_temporary_already_gone_does_not_hide_the_write_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def vanished(src: str, dst: str) -> None:
+        os.unlink(src)  # e.g. swept by another instance's start-up
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", vanished)
+    with pytest.raises(OSError, match="No space"):
+        atomicfile.write_bytes(tmp_path / "a.json", b"new", durable=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_short_writes_are_continued_until_everything_is_written(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:3])))
+    atomicfile.write_bytes(tmp_path / "a.json", b"0123456789", durable=False)
+    assert (tmp_path / "a.json").read_bytes() == b"0123456789"
+    os.close(atomicfile.create_open(tmp_path / "b.json", b"abcdefgh"))
+    assert (tmp_path / "b.json").read_bytes() == b"abcdefgh"

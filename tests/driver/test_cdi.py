@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from dra_driver.devices import fake
+from dra_driver.devices import fake, migcontrol, migprofiles
 from dra_driver.driver import cdi, claims, config, driverfiles, inventory
 
 from .conftest import REFERENCE, make_driver_root
@@ -51,10 +51,15 @@ def specs(
     )
 
 
-def test_fake_spec_contents(tmp_path: Path, cdi_validator: jsonschema.protocols.Validator) -> None:
+def test_fake_spec_passes_the_cdi_schema(
+    tmp_path: Path, cdi_validator: jsonschema.protocols.Validator
+) -> None:
+    cdi_validator.validate(specs(tmp_path).build(REF, planned(["gpu-0", "gpu-3"], env={"X": "1"})))
+
+
+def test_fake_spec_contents(tmp_path: Path) -> None:
     s = specs(tmp_path)
     spec = s.build(REF, planned(["gpu-0", "gpu-3"], env={"X": "1"}))
-    cdi_validator.validate(spec)
     assert cdi.check(spec) == []
     assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
     assert spec["cdiVersion"] == "0.5.0"  # hostPath (and a name starting with a digit)
@@ -63,11 +68,14 @@ def test_fake_spec_contents(tmp_path: Path, cdi_validator: jsonschema.protocols.
         "deviceNodes": [{"path": "/dev/nvidia3", "hostPath": "/dev/null"}],
         "env": ["X=1"],
     }
+    assert spec["devices"][0]["containerEdits"] == {
+        "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"}],
+        "env": ["X=1"],
+    }
     common = spec["containerEdits"]
     assert [n["path"] for n in common["deviceNodes"]] == list(cdi.CONTROL_NODES)
-    assert common["env"][0].startswith("NVIDIA_VISIBLE_DEVICES=GPU-")
-    assert common["env"][0].count(",") == 1
-    assert "NVIDIA_DRA_CLAIM=ns/c" in common["env"]
+    uuids = ",".join(p.device.uuid for p in planned(["gpu-0", "gpu-3"]))
+    assert common["env"] == [f"NVIDIA_VISIBLE_DEVICES={uuids}", "NVIDIA_DRA_CLAIM=ns/c"]
     mounts = {m["containerPath"]: m for m in common["mounts"]}
     assert sorted(mounts) == [
         "/usr/bin/nvidia-smi",
@@ -104,6 +112,43 @@ def test_mig_device_gets_its_capability_nodes(tmp_path: Path) -> None:
     assert broken and "no capability minor for gpu" in broken[0].problem
     table = inventory.parse_mig_minors("config 1\nmonitor 2\ngpu0/gi1/access 21\nbogus\n")
     assert table == {"config": 1, "monitor": 2, "gpu0/gi1/access": 21}
+
+
+def test_capability_nodes_of_dynamic_instances_fake_and_real() -> None:
+    # Fake mode: made-up but stable and distinct numbers per GPU minor, GI and CI.
+    assert inventory.mig_nodes(1, 2, 3, None) == (
+        ("/dev/nvidia-caps/nvidia-cap223", "/dev/nvidia-caps/nvidia-cap227"),
+        "",
+    )
+    table = {"gpu0/gi1/access": 30, "gpu0/gi1/ci0/access": 31}
+    assert inventory.mig_nodes(0, 1, 0, table) == (
+        ("/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"),
+        "",
+    )
+    assert inventory.mig_nodes(0, 2, 0, table) == (
+        (),
+        "no capability minor for gpu0/gi2/access, gpu0/gi2/ci0/access in "
+        "/proc/driver/nvidia-caps/mig-minors (is the MIG device still there?)",
+    )
+    devs = fake.FakeBackend.from_name("h100-mig").discover()
+    inv = inventory.build(devs, mig_minors=table, dynamic=migprofiles.DynamicMig.parse("all"))
+    planned = inv.devices["gpu-0-mig-1g-10gb-0"]
+    assert planned.placement is not None
+    made = migcontrol.Instance(
+        parent_uuid=planned.placement.parent_uuid,
+        profile_id=planned.placement.profile_id,
+        start=0,
+        size=1,
+        gpu_instance_id=7,
+        compute_instance_id=0,
+        uuid="MIG-made",
+    )
+    created = inv.created(planned, made)
+    assert created.uuid == "MIG-made" and created.device_nodes == ("/dev/nvidia0",)
+    assert created.problem == (
+        "no capability minor for gpu0/gi7/access, gpu0/gi7/ci0/access in "
+        "/proc/driver/nvidia-caps/mig-minors (is the MIG device still there?)"
+    )
 
 
 def test_real_mode_plain_spec_is_0_3_or_0_5_and_uses_host_nodes(tmp_path: Path) -> None:
@@ -154,6 +199,9 @@ def test_write_is_atomic_and_remove_idempotent(tmp_path: Path) -> None:
         ({"dotted_class": True}, "0.6.0"),
         ({"gids": True}, "0.7.0"),
         ({"net": True}, "1.1.0"),
+        ({"rdt": True}, "0.7.0"),
+        ({"rdt_schemata": True}, "1.1.0"),
+        ({"rdt_monitoring": True}, "1.1.0"),
     ],
 )
 def test_minimum_version(change: dict[str, bool], version: str) -> None:
@@ -178,6 +226,15 @@ def test_minimum_version(change: dict[str, bool], version: str) -> None:
                         }
                     ],
                     **({"additionalGids": [5]} if change.get("gids") else {}),
+                    **({"intelRdt": {"closID": "c"}} if change.get("rdt") else {}),
+                    **(
+                        {"intelRdt": {"schemata": ["L3:0=f"]}} if change.get("rdt_schemata") else {}
+                    ),
+                    **(
+                        {"intelRdt": {"enableMonitoring": True}}
+                        if change.get("rdt_monitoring")
+                        else {}
+                    ),
                     **(
                         {"netDevices": [{"hostInterfaceName": "a", "name": "b"}]}
                         if change.get("net")
@@ -192,15 +249,42 @@ def test_minimum_version(change: dict[str, bool], version: str) -> None:
     assert cdi.minimum_version(spec) == version
 
 
-def test_stricter_checks_than_the_schema(cdi_validator: jsonschema.protocols.Validator) -> None:
-    bad = {
+STRICTER_BAD: dict[str, Any] = {
+    "cdiVersion": "0.3.0",
+    "kind": "-vendor/cl.ass",
+    "devices": [
+        {"name": "-x", "containerEdits": {}},
+        {"name": "-x", "containerEdits": {"env": ["=1"], "deviceNodes": [{"path": "dev"}]}},
+    ],
+    "containerEdits": {"env": ["NOVALUE"], "deviceNodes": [{"path": "dev/nvidiactl"}]},
+}
+
+
+def test_what_our_checks_refuse_is_named_exactly() -> None:
+    assert cdi.check(STRICTER_BAD) == [
+        "cdiVersion 0.3.0 is below the required 0.6.0",
+        "kind '-vendor/cl.ass' is not a valid vendor/class",
+        "devices[0].name '-x' is not a valid CDI device name",
+        "devices[0] (-x) has empty containerEdits",
+        "devices[1].name '-x' is not a valid CDI device name",
+        "devices[1].name '-x' is not unique",
+        "containerEdits.env entry 'NOVALUE' is not NAME=VALUE",
+        "containerEdits.deviceNodes path 'dev/nvidiactl' is not absolute",
+        "devices[1].containerEdits.env entry '=1' is not NAME=VALUE",
+        "devices[1].containerEdits.deviceNodes path 'dev' is not absolute",
+    ]
+    good: dict[str, Any] = {
         "cdiVersion": "0.3.0",
-        "kind": "-vendor/cl.ass",
-        "devices": [
-            {"name": "-x", "containerEdits": {}},
-            {"name": "-x", "containerEdits": {"env": ["=1"], "deviceNodes": [{"path": "dev"}]}},
-        ],
+        "kind": "vendor.com/" + "c" * 63,
+        "devices": [{"name": "d", "containerEdits": {"env": ["A=1"]}}],
     }
+    assert cdi.check(good) == []
+    good["kind"] += "c"  # a class name is 63 characters at most
+    assert cdi.check(good) == [f"kind {good['kind']!r} is not a valid vendor/class"]
+
+
+def test_stricter_checks_than_the_schema(cdi_validator: jsonschema.protocols.Validator) -> None:
+    bad = STRICTER_BAD
     cdi_validator.validate(bad)  # the schema is happy ...
     problems = "; ".join(cdi.check(bad))  # ... we are not
     for expect in (

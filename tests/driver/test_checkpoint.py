@@ -10,7 +10,7 @@ import pytest
 import structlog
 
 from dra_driver import logs
-from dra_driver.driver import checkpoint
+from dra_driver.driver import atomicfile, checkpoint
 
 
 def record(uid: str, boot: str = "b1", state: str = "PrepareCompleted") -> checkpoint.ClaimRecord:
@@ -174,3 +174,60 @@ def test_a_completed_record_that_differs_replaces_the_file_whole(tmp_path: Path)
     (tmp_path / "claims/u3.json").unlink()  # removed behind its back: never a lost commit
     s.put(record("u3"))
     assert sorted(r.uid for r in store(tmp_path).load().records) == ["u1", "u2", "u3"]
+
+
+def test_a_file_failing_without_a_message_is_moved_aside_naming_the_error_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = store(tmp_path)
+    s.load()
+    s.put(record("u1"))
+    real_read = checkpoint.read_file
+
+    def silent(path: Path) -> bytes:
+        if path.name == "u1.json":
+            raise ValueError()  # an error with no text of its own
+        return real_read(path)
+
+    monkeypatch.setattr(checkpoint, "read_file", silent)
+    with structlog.testing.capture_logs() as logged:
+        report = store(tmp_path).load()
+    assert report.records == [] and len(report.moved_aside) == 1
+    [line] = [e for e in logged if e["log_level"] == "error"]
+    assert line["reason"] == "ValueError" and line["moved_to"] == str(report.moved_aside[0])
+
+
+def test_an_oversized_file_is_refused_even_when_reads_come_back_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_read = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: real_read(fd, min(n, 1 << 20)))
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (checkpoint.MAX_FILE_BYTES + 10))
+    assert len(checkpoint.read_file(big)) == checkpoint.MAX_FILE_BYTES + 1  # enough to refuse
+    exact = tmp_path / "exact.json"
+    exact.write_bytes(b" " * checkpoint.MAX_FILE_BYTES)
+    assert len(checkpoint.read_file(exact)) == checkpoint.MAX_FILE_BYTES
+
+
+def test_records_of_another_boot_are_removed_without_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = store(tmp_path)
+    s.load()
+    s.put(record("u1"))
+    s.put(record("u2"))
+    (tmp_path / "claims/u3.json").write_text(record("u3", boot="b0").model_dump_json())
+    removed: list[tuple[str, bool]] = []
+    real_remove = atomicfile.remove
+
+    def remove(path: object, *, durable: bool = True) -> bool:
+        removed.append((Path(str(path)).name, durable))
+        return real_remove(path, durable=durable)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(atomicfile, "remove", remove)
+    report = store(tmp_path).load()  # same boot: u3 is dropped by its record's boot id
+    assert [r.uid for r in report.records] == ["u1", "u2"] and report.other_boot == ["u3"]
+    report = store(tmp_path, "new-boot").load()  # a new boot: dropped by name, unread
+    assert report.other_boot == ["u1", "u2"]
+    assert removed == [("u3.json", False), ("u1.json", False), ("u2.json", False)]

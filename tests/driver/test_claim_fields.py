@@ -22,11 +22,22 @@ def test_empty_or_non_string_result_fields_are_refused(key: str, value: Any) -> 
     if value is None:
         del result[key]
     obj = claim_obj(name="c", uid=new_uid(), results=[result])
-    with pytest.raises(
-        claims.ClaimError,
-        match=rf"status\.allocation\.devices\.results\[0\]\.{key} is missing or not a string",
-    ):
+    with pytest.raises(claims.ClaimError) as err:
         claims.allocated_devices(obj, ref=ref_of(obj), driver=DRIVER, pool=NODE)
+    assert str(err.value) == (
+        f"{ref_of(obj)}: status.allocation.devices.results[0].{key} is missing or not a string"
+    )
+
+
+@pytest.mark.parametrize("consumed", [{"memory": 1.5}, ["memory"], {"memory": None}])
+def test_consumed_capacity_must_be_a_map_of_quantities(consumed: Any) -> None:
+    obj = claim_obj(name="c", uid=new_uid(), results=[dict(GOOD, consumedCapacity=consumed)])
+    with pytest.raises(claims.ClaimError) as err:
+        claims.allocated_devices(obj, ref=ref_of(obj), driver=DRIVER, pool=NODE)
+    assert str(err.value) == (
+        f"{ref_of(obj)}: status.allocation.devices.results[0].consumedCapacity is not a map of "
+        "quantities"
+    )
 
 
 def test_a_good_result_passes() -> None:

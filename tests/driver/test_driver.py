@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+import structlog
 
+from dra_driver import logs
 from dra_driver.driver import checkpoint, claims, results
+from dra_driver.driver import driver as driver_mod
 from dra_driver.kube import api as kube
 
 from .conftest import Node, claim_obj, gpu_config, new_uid, opaque
@@ -235,6 +239,39 @@ def test_cleanup_unprepares_claims_gone_from_the_api(node: Node) -> None:
     assert node.spec_files() == [f"k8s.gpu.nvidia.com-claim_{keep.uid}.json"]
 
 
+def test_the_cleanup_loop_unprepares_a_deleted_claim_on_its_own(node: Node) -> None:
+    ref = node.add(claim_obj(name="gone", uid=new_uid(), devices=["gpu-1"]))
+    prepared_ok(node.driver.prepare([ref])[ref.uid])
+    node.api.delete_resource_claim("default", "gone")
+    loop = driver_mod.CleanupLoop(driver=node.driver, interval_s=0.01, log=logs.get("test"))
+    assert loop.interval_s == 0.01 and loop._thread.name == "claim-cleanup"
+    assert loop._failed == "claim clean-up failed; will retry"
+    loop.start()
+    try:
+        deadline = time.monotonic() + 20
+        while node.spec_files() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        loop.stop()
+    assert node.spec_files() == [] and node.driver.state.store.records() == []
+
+
+def test_cleanup_releases_devices_held_without_a_prepared_claim(node: Node) -> None:
+    stray = claims.ClaimRef(uid=new_uid(), namespace="default", name="rolled-back")
+    gpu3 = claims.AllocatedDevice(
+        request="gpu", pool="n1", device="gpu-3", admin_access=False, share_id=None, configs=()
+    )
+    node.driver.state.ownership.reserve(stray, [gpu3])  # what a rollback that died leaves
+    ref = node.add(claim_obj(name="next", uid=new_uid(), devices=["gpu-3"]))
+    assert "already prepared for claim uid" in node.driver.prepare([ref])[ref.uid].error
+    with structlog.testing.capture_logs() as logged:
+        assert node.driver.cleanup() == []
+    assert [(e["event"], e.get("claim_uid")) for e in logged if e["log_level"] == "warning"] == [
+        ("released devices held without a prepared claim", stray.uid)
+    ]
+    prepared_ok(node.driver.prepare([ref])[ref.uid])
+
+
 def test_restart_recovers_started_completed_orphans_and_lost_specs(node: Node) -> None:
     done = node.add(claim_obj(name="done", uid=new_uid(), devices=["gpu-0"]))
     lost = node.add(claim_obj(name="lost", uid=new_uid(), devices=["gpu-1"]))
@@ -297,3 +334,89 @@ def test_parallel_prepare_beats_serial(node_factory: Callable[..., Node]) -> Non
 
     assert timed(serial=True) > 0.4
     assert timed(serial=False) < 0.3
+
+
+def test_unprepare_says_whether_the_claim_was_prepared_here(node: Node) -> None:
+    ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"]))
+    prepared_ok(node.driver.prepare([ref])[ref.uid])
+    level = structlog.get_config()["wrapper_class"]  # other tests may have set info
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with structlog.testing.capture_logs() as logged:
+            assert node.driver.unprepare([ref]) == {ref.uid: ""}
+            assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    finally:
+        structlog.configure(wrapper_class=level)
+    debug = [(e["event"], e["claim_uid"]) for e in logged if e["log_level"] == "debug"]
+    assert debug == [
+        ("unprepared claim", ref.uid),
+        ("unprepare of a claim not prepared here", ref.uid),
+    ]
+
+
+def test_an_unexpected_failure_is_an_internal_error_naming_the_claim_and_operation(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"]))
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(node.driver.state, "prepare", broken)
+    monkeypatch.setattr(node.driver.state, "unprepare", broken)
+    assert node.driver.prepare([ref])[ref.uid].error == (
+        f"{ref}: prepare failed: internal error: RuntimeError: a bug"
+    )
+    assert node.driver.unprepare([ref]) == {
+        ref.uid: f"{ref}: unprepare failed: internal error: RuntimeError: a bug"
+    }
+
+
+def test_a_failing_gauge_update_never_costs_the_answer(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"]))
+
+    def broken() -> None:
+        raise OSError("checkpoint directory went away")
+
+    monkeypatch.setattr(node.driver, "update_gauges", broken)
+    with structlog.testing.capture_logs() as logged:
+        prepared_ok(node.driver.prepare([ref])[ref.uid])
+    assert [e["event"] for e in logged if e["log_level"] == "error"] == [
+        "cannot update the prepared-claims gauges"
+    ]
+
+
+def test_a_bad_config_names_the_claim_it_belongs_to(node: Node) -> None:
+    params = gpu_config(sharing={"strategy": "Exclusive"}, colour="blue")
+    ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"], config=[opaque(params)]))
+    error = node.driver.prepare([ref])[ref.uid].error
+    assert error == f"{ref}: opaque config[0] (FromClaim): field colour: unknown field"
+
+
+def test_restart_rewrites_only_specs_that_are_missing_or_differ(node: Node) -> None:
+    same = node.add(claim_obj(name="same", uid=new_uid(), devices=["gpu-0"]))
+    lost = node.add(claim_obj(name="lost", uid=new_uid(), devices=["gpu-1"]))
+    node.driver.prepare([same, lost])
+    node.driver.state.specs.remove(lost.uid)
+    with structlog.testing.capture_logs() as logged:
+        node.restart()
+    warned = [(e["event"], e.get("claim_uid")) for e in logged if e["log_level"] == "warning"]
+    assert warned == [("restored the missing CDI spec of a prepared claim", lost.uid)]
+    assert len(node.spec_files()) == 2
+
+
+def test_restart_reports_a_prepared_claim_it_cannot_take_back(node: Node) -> None:
+    ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"]))
+    prepared_ok(node.driver.prepare([ref])[ref.uid])
+    record = node.driver.state.store.get(ref.uid)
+    assert record is not None
+    twin = record.model_copy(update={"uid": new_uid(), "name": "twin"})
+    node.driver.state.store.put(twin)  # a second record of the same GPU (a corrupted state)
+    node.driver.state.specs.write(twin.uid, twin.cdiSpec)
+    with structlog.testing.capture_logs() as logged:
+        node.restart()
+    [line] = [e for e in logged if e["log_level"] == "error"]
+    assert line["event"] == "prepared claim is inconsistent after restart"
+    assert "device n1/gpu-0 is already prepared for claim uid" in line["error"]

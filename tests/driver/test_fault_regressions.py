@@ -96,6 +96,9 @@ def test_a_rollback_that_cannot_finish_keeps_the_original_cause_first(node: Node
     assert error.startswith(f"ResourceClaim default/c (uid {ref.uid}): cannot write CDI spec")
     assert error.index("No space left on device") < error.index("; rolling back left: ")
     assert "cannot remove CDI spec" in error and "cannot remove checkpoint" in error
+    left = error.split("; rolling back left: ", 1)[1]
+    assert left.startswith(f"{ref}: cannot remove CDI spec ")
+    assert f"(EROFS); cannot remove checkpoint of claim {ref.uid}: " in left  # one after another
     # The device was released all the same; the next start-up finishes the rest.
     assert node.driver.prepare([other])[other.uid].error == ""
     node.restart()

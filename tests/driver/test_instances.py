@@ -178,3 +178,21 @@ def test_shared_ownership_forgets_claims_released_elsewhere(tmp_path: Path) -> N
         owners.reserve(ref("u3"), gpu0)  # no record yet, but being prepared here: kept
     with pytest.raises(state.DeviceBusy, match="u3"), locks.hold("u3"):
         owners.reserve(ref("u2"), gpu0)
+
+
+def test_shared_checkpoint_errors_name_the_file_and_the_reason(tmp_path: Path) -> None:
+    mine = instances.SharedCheckpoint(directory=tmp_path, boot_id="b1", log=logs.get("test"))
+    mine.load()
+    odd = mine.path("u5")
+    odd.mkdir()  # not a regular file
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        mine.get("u5")
+    assert str(err.value) == f"cannot read {odd}: not a regular file"
+    big = mine.path("u6")
+    big.write_bytes(b" " * (checkpoint.MAX_FILE_BYTES + 10))
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        mine.get("u6")
+    assert str(err.value) == (
+        f"checkpoint file {big} is unreadable: {big} is {checkpoint.MAX_FILE_BYTES + 1} bytes, "
+        f"more than the {checkpoint.MAX_FILE_BYTES} allowed"
+    )

@@ -5,14 +5,17 @@ GPUs are per-claim errors. The GPUs are the NVML stand-in's, whose MIG state liv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+import structlog
 
-from dra_driver.devices import fake, migcontrol, migstate, nvml
-from dra_driver.driver import checkpoint
+from dra_driver import logs
+from dra_driver.devices import fake, migcontrol, migprofiles, migstate, nvml
+from dra_driver.driver import checkpoint, claims, inventory, mig
 
 from .conftest import Node, claim_obj, new_uid
 
@@ -167,8 +170,12 @@ def test_recovery_keeps_owned_instances_and_destroys_orphans(mig_node: Node) -> 
         migcontrol.Placement(GPU0.uuid, "1g.10gb", profile.id, profile.slot, start=6, size=1)
     )
     assert layout(mig_node) == [("1g.10gb", 6), ("3g.40gb", 0)]
-    mig_node.restart()
+    with structlog.testing.capture_logs() as logged:
+        mig_node.restart()
     assert layout(mig_node) == [("3g.40gb", 0)]
+    [destroyed] = [e for e in logged if e["event"] == "destroyed MIG instance"]
+    assert destroyed["reason"] == "no prepared claim owns it"
+    assert (destroyed["gpu_uuid"], destroyed["placement_start"]) == (GPU0.uuid, 6)
     assert mig_node.driver.prepare([kept])[kept.uid].error == ""  # answered from the checkpoint
     assert mig_node.driver.unprepare([kept]) == {kept.uid: ""}
     assert layout(mig_node) == []
@@ -198,7 +205,10 @@ def test_admin_access_to_a_placement_is_a_clear_error(mig_node: Node) -> None:
     ]
     ref = mig_node.add(claim_obj(name="admin", uid=new_uid(), results=results))
     error = mig_node.driver.prepare([ref])[ref.uid].error
-    assert "dynamic MIG placement; adminAccess" in error
+    assert error == (
+        f"{ref}: device gpu-0-mig-1g-10gb-0 is a dynamic MIG placement; adminAccess to a MIG "
+        "instance another claim creates is not supported"
+    )
     assert layout(mig_node) == []
 
 
@@ -239,3 +249,72 @@ def test_a_gpu_set_with_a_dynamic_gpu_excludes_its_mig_devices(
     assert state(node)[gpu0.uuid].mode == nvml.NVML_DEVICE_MIG_DISABLE  # the set took it whole
     _, error = prepare(node, "gpu-1-mig-3g-40gb-4", name="late")
     assert "gpu-1 memory slice 4 is already prepared for claim uid " + pair.uid in error
+
+
+def test_a_whole_dynamic_gpu_covers_its_own_memory_slices_only() -> None:
+    # One GPU only: no other GPU's placements could stand in for its own.
+    one = dataclasses.replace(fake.FakeBackend.from_name(PROFILE).discover(), gpus=[GPU0])
+    inv = inventory.build(one, mig_minors=None, dynamic=migprofiles.DynamicMig.parse("all"))
+    instances = mig.MigInstances(control=None, devices=inv, log=logs.get("test"))
+    whole = claims.AllocatedDevice(
+        request="gpu", pool="n1", device="gpu-0", admin_access=False, share_id=None, configs=()
+    )
+    keys = [k.device for k in instances.ownership_keys([whole])]
+    assert keys == [f"gpu-0 memory slice {i}" for i in range(8)]
+
+
+def test_instances_are_made_and_destroyed_under_their_gpus_lock(
+    mig_node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    instances = mig_node.driver.state.mig
+    control = instances._control
+    assert control is not None
+    held: list[tuple[str, bool]] = []
+    real_create, real_destroy = control.create, control.destroy
+
+    def locked(uuid: str) -> bool:
+        lock = instances._gpu_locks.get(uuid)
+        return lock is not None and lock.locked()
+
+    def create(place: migcontrol.Placement) -> migcontrol.Instance:
+        held.append(("create", locked(place.parent_uuid)))
+        return real_create(place)
+
+    def destroy(uuid: str, **kw: Any) -> bool:
+        held.append(("destroy", locked(uuid)))
+        return real_destroy(uuid, **kw)
+
+    monkeypatch.setattr(control, "create", create)
+    monkeypatch.setattr(control, "destroy", destroy)
+    ref, error = prepare(mig_node, "gpu-0-mig-1g-10gb-0")
+    assert error == ""
+    assert mig_node.driver.unprepare([ref]) == {ref.uid: ""}
+    assert held == [("create", True), ("destroy", True)]
+
+
+def test_a_failing_mig_mode_switch_of_a_whole_gpu_names_the_device(
+    mig_node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    control = mig_node.driver.state.mig._control
+    assert control is not None
+
+    def lost(uuid: str) -> bool:
+        raise migcontrol.MigControlError(f"GPU {uuid}: GPU is lost")
+
+    monkeypatch.setattr(control, "mig_enabled", lost)
+    ref, error = prepare(mig_node, "gpu-1", name="whole")
+    assert error == f"{ref}: device gpu-1: GPU {GPU1.uuid}: GPU is lost"
+
+
+def test_unprepare_destroys_the_instances_after_a_whole_gpu_and_logs_the_claim(
+    mig_node: Node,
+) -> None:
+    ref, error = prepare(mig_node, "gpu-1", "gpu-0-mig-3g-40gb-4")
+    assert error == ""
+    assert layout(mig_node) == [("3g.40gb", 4)]
+    with structlog.testing.capture_logs() as logged:
+        assert mig_node.driver.unprepare([ref]) == {ref.uid: ""}
+    assert layout(mig_node) == []
+    [destroyed] = [e for e in logged if e["event"] == "destroyed MIG instance"]
+    assert destroyed["claim_uid"] == ref.uid and destroyed["device"] == "gpu-0-mig-3g-40gb-4"
+    assert destroyed["gpu_uuid"] == GPU0.uuid and destroyed["placement_start"] == 4

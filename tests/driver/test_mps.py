@@ -4,14 +4,18 @@ spec, daemons adopted across restarts and restarted when they die, MPS asked by 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import structlog
 
-from dra_driver.driver import mps
+from dra_driver.devices import control
+from dra_driver.driver import atomicfile, mps, mpsclaims, mpsprocess
 
 from . import sharekit
 from .conftest import Node, claim_obj, gpu_config, new_uid, opaque
@@ -39,6 +43,7 @@ def test_shares_run_through_one_daemon_started_first_and_stopped_last(node: Node
     assert set(sharekit.daemon_records(node)) == {"gpu-0"}
     record = sharekit.daemon_records(node)["gpu-0"]
     assert record["state"] == "Running"
+    assert record["startTime"] == mpsprocess.start_time(record["pid"])  # tells a reused pid apart
     assert record["devices"] == [{"name": "gpu-0", "uuid": gpu0, "kind": "gpu"}]
     assert sharekit.daemon_pids(node) == {"gpu-0": record["pid"]}
     assert sharekit.exclusive_gpus(node) == {gpu0}
@@ -146,6 +151,9 @@ def test_a_daemon_that_died_is_restarted_by_supervision_and_recovery(node: Node)
     assert wait_for(lambda: not daemons.processes.alive(second, None))
     node.restart()  # recovery brings back the daemon of a prepared share
     assert set(sharekit.daemon_pids(node)) == {"gpu-5"}
+    # Stray daemon directories go; the records and the lock files (another agent may hold
+    # one during a rolling update) stay.
+    assert {p.name for p in sharekit.mps_root(node).iterdir()} == {"daemons", "locks", "gpu-5"}
     assert node.driver.unprepare([ref]) == {ref.uid: ""}
 
 
@@ -178,6 +186,14 @@ def test_mps_asked_by_config_on_an_exclusive_claim_gets_its_own_daemon(node: Nod
     assert node.driver.prepare([ref])[ref.uid].error == ""
     daemon = f"claim-{ref.uid}"
     assert set(sharekit.daemon_records(node)) == {daemon}
+    # What recovery reads back from the claim records: one daemon, both devices, once each.
+    records = node.driver.state.store.records()
+    assert mpsclaims.recorded_daemons(records + records, node.driver.state.devices) == {
+        daemon: [
+            mps.DaemonDevice(name="gpu-0", uuid=g0, kind="gpu"),
+            mps.DaemonDevice(name="gpu-1", uuid=g1, kind="gpu"),
+        ]
+    }
     assert sharekit.daemon_records(node)[daemon]["devices"] == [
         {"name": "gpu-0", "uuid": g0, "kind": "gpu"},
         {"name": "gpu-1", "uuid": g1, "kind": "gpu"},
@@ -291,13 +307,41 @@ def test_a_daemon_that_does_not_come_up_fails_the_claim_and_undoes_everything(
     assert node.spec_files() == [] and not list(node.claims_dir.glob("*.json"))
 
 
-def test_an_unreadable_daemon_record_is_removed_and_its_daemon_ended(node: Node) -> None:
+def test_an_unreadable_daemon_record_is_removed_and_its_daemon_ended(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ref = node.add(share_claim("u", share("gpu-3", memory="4Gi")))
     assert node.driver.prepare([ref])[ref.uid].error == ""
+    pid = sharekit.daemon_pids(node)["gpu-3"]
     (node.claims_dir / f"{ref.uid}.json").unlink()  # nothing wants the daemon any more
     record = sharekit.mps_root(node) / "daemons" / "gpu-3.json"
     record.write_text("{not json")
-    node.restart()
+    removed: list[tuple[str, bool]] = []
+    real_remove = atomicfile.remove
+
+    def remove(path: object, *, durable: bool = True) -> bool:
+        removed.append((str(path), durable))
+        return real_remove(path, durable=durable)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(atomicfile, "remove", remove)
+    ended: list[tuple[int, int | None]] = []
+    real_end = mpsprocess.Processes.end
+
+    def end(self: mpsprocess.Processes, pipe: Path, pid: int, start_time: int | None) -> None:
+        ended.append((pid, start_time))
+        real_end(self, pipe, pid, start_time)
+
+    monkeypatch.setattr(mpsprocess.Processes, "end", end)
+    with structlog.testing.capture_logs() as logged:
+        node.restart()
+    assert ended == [(pid, None)]  # found by its marker: no start time to go by
+    [line] = [e for e in logged if e["log_level"] == "error"]
+    assert line["event"] == (
+        "unreadable MPS daemon record removed; its daemon is ended, but the compute mode of its "
+        "GPU is unknown and may still be ExclusiveProcess"
+    )
+    assert line["file"] == str(record) and line["daemon_pid"] == pid
+    assert (str(record), False) in removed  # never fsynced: means nothing after a reboot
     assert wait_for(lambda: sharekit.daemon_pids(node) == {})
     assert not record.exists() and sharekit.daemon_dirs(node) == set()
 
@@ -318,3 +362,145 @@ def test_mps_on_a_dynamic_mig_device_is_refused_naming_it(
     plain = mig_node.add(claim_obj(name="p", uid=new_uid(), devices=[device]))
     assert mig_node.driver.prepare([plain])[plain.uid].error == ""
     assert mig_node.driver.unprepare([plain]) == {plain.uid: ""}
+
+
+def test_a_daemon_is_stopped_as_the_process_its_record_names(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = node.add(share_claim("s", share("gpu-2", memory="4Gi")))
+    assert node.driver.prepare([ref])[ref.uid].error == ""
+    assert node.driver.state.mps is not None
+    daemons = node.driver.state.mps.daemons
+    record = sharekit.daemon_records(node)["gpu-2"]
+    ended: list[tuple[int, int | None]] = []
+    real_end = daemons.processes.end
+
+    def end(pipe: object, pid: int, start_time: int | None) -> None:
+        ended.append((pid, start_time))
+        real_end(pipe, pid, start_time)  # type: ignore[arg-type]
+
+    removed: list[tuple[str, bool]] = []
+    real_remove = atomicfile.remove
+
+    def remove(path: object, *, durable: bool = True) -> bool:
+        removed.append((str(path), durable))
+        return real_remove(path, durable=durable)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(daemons.processes, "end", end)
+    monkeypatch.setattr(atomicfile, "remove", remove)
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    assert ended == [(record["pid"], record["startTime"])]
+    # Daemon records are never fsynced: a record means nothing after a reboot.
+    assert (str(sharekit.mps_root(node) / "daemons" / "gpu-2.json"), False) in removed
+    assert daemons._log_tail(daemons.dirs("never-started")) == "no output"
+
+
+def test_a_failed_start_whose_undo_fails_too_is_one_clear_claim_error(
+    node_factory: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = node_factory()
+    assert node.driver.state.mps is not None
+    daemons = node.driver.state.mps.daemons
+    daemons.processes.command = ("/bin/sh", "-c", "echo 'no /dev/nvidiactl' >&2; exit 3", "x")
+    gpu_control = daemons.gpu_control
+    assert gpu_control is not None
+    real_set = gpu_control.set_compute_mode
+
+    def set_mode(uuid: str, mode: control.ComputeMode) -> None:
+        if mode == "Default":
+            raise control.ControlError(f"GPU {uuid}: GPU is lost")
+        real_set(uuid, mode)
+
+    monkeypatch.setattr(gpu_control, "set_compute_mode", set_mode)
+    ref = node.add(share_claim("broken", share("gpu-0", memory="2Gi")))
+    error = node.driver.prepare([ref])[ref.uid].error
+    assert error == (
+        f"{ref}: cannot start MPS control daemon gpu-0: the daemon exited at start: "
+        "no /dev/nvidiactl"
+    )
+    # The undo that failed left the record (Stopping): the next start-up finishes the job.
+    assert sharekit.daemon_records(node)["gpu-0"]["state"] == "Stopping"
+
+
+def test_a_daemon_that_cannot_be_restarted_is_logged_and_left(node: Node) -> None:
+    ref = node.add(share_claim("s", share("gpu-4", memory="4Gi")))
+    assert node.driver.prepare([ref])[ref.uid].error == ""
+    assert node.driver.state.mps is not None
+    daemons = node.driver.state.mps.daemons
+    first = sharekit.daemon_pids(node)["gpu-4"]
+    os.kill(first, signal.SIGKILL)
+    assert wait_for(lambda: not daemons.processes.alive(first, None))
+    daemons.processes.command = ("/bin/sh", "-c", "exit 3", "x")
+    with structlog.testing.capture_logs() as logged:
+        assert daemons.supervise() == []
+    errors = [(e["event"], e.get("daemon")) for e in logged if e["log_level"] == "error"]
+    assert errors == [
+        ("MPS daemon died; restarting it", "gpu-4"),
+        ("cannot restart MPS daemon", "gpu-4"),
+    ]
+    [failed] = [e for e in logged if e["event"] == "cannot restart MPS daemon"]
+    assert failed["error"] == (
+        "supervision: cannot start MPS control daemon gpu-4: the daemon exited at start: no output"
+    )
+    # Start-up recovery tries too, and reports the daemon it could not bring back.
+    mps_claims = node.driver.state.mps
+    assert mps_claims.recover(node.driver.state.store.records()) == [
+        "recovery: cannot start MPS control daemon gpu-4: the daemon exited at start: no output"
+    ]
+
+
+def test_a_zero_thread_percentage_is_passed_on_as_zero(tmp_path: Path) -> None:
+    dirs = mps.Dirs(
+        root=tmp_path, pipe=tmp_path / "pipe", log=tmp_path / "log", shm=tmp_path / "shm"
+    )
+    gpu = mps.DaemonDevice(name="gpu-0", uuid="GPU-a", kind="gpu")
+    edits = mpsclaims.edits([mpsclaims.Need("claim-x", gpu, 1 << 30, 0)], dirs=dirs)
+    assert edits["env"] == [
+        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-a=1024M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=0",
+    ]
+
+
+def test_a_per_device_limit_for_no_device_of_the_claim_names_the_claims_devices(
+    node: Node,
+) -> None:
+    g0, g1 = sharekit.uuid_of(node, "gpu-0"), sharekit.uuid_of(node, "gpu-1")
+    params = gpu_config(
+        sharing={"strategy": "MPS", "mps": {"perDevicePinnedMemoryLimits": {"2": "2Gi"}}}
+    )
+    ref = node.add(
+        claim_obj(name="x", uid=new_uid(), devices=["gpu-0", "gpu-1"], config=[opaque(params)])
+    )
+    error = node.driver.prepare([ref])[ref.uid].error
+    assert error.endswith(
+        ": mps.perDevicePinnedMemoryLimits key '2' names no device of this claim that uses MPS "
+        f"(UUIDs {g0}, {g1}, or an index below 2)"
+    ), error
+    assert sharekit.daemon_records(node) == {} and node.spec_files() == []
+
+
+def test_an_unreadable_daemon_record_without_a_daemon_is_removed(node: Node) -> None:
+    ref = node.add(share_claim("u", share("gpu-3", memory="4Gi")))
+    assert node.driver.prepare([ref])[ref.uid].error == ""
+    (node.claims_dir / f"{ref.uid}.json").unlink()  # nothing wants the daemon any more
+    sharekit.kill_daemons(node)
+    record = sharekit.mps_root(node) / "daemons" / "gpu-3.json"
+    record.write_text("{not json")
+    node.restart()
+    assert not record.exists() and sharekit.daemon_dirs(node) == set()
+
+
+def test_records_of_an_earlier_boot_are_dropped_and_this_boots_kept(node: Node) -> None:
+    ref = node.add(share_claim("s", share("gpu-3", memory="4Gi")))
+    assert node.driver.prepare([ref])[ref.uid].error == ""
+    daemons_dir = sharekit.mps_root(node) / "daemons"
+    old = dict(sharekit.daemon_records(node)["gpu-3"], id="gpu-4", bootId="boot-0", pid=1)
+    for name in ("gpu-4", "gpu-5"):  # after gpu-3.json, which is of this boot
+        (daemons_dir / f"{name}.json").write_text(json.dumps(dict(old, id=name)))
+        (sharekit.mps_root(node) / name / "pipe").mkdir(parents=True)
+    node.restart()
+    assert sorted(p.name for p in daemons_dir.iterdir()) == ["gpu-3.json"]
+    assert sharekit.daemon_dirs(node) == {"gpu-3"}
+    assert set(sharekit.daemon_pids(node)) == {"gpu-3"}  # adopted, still serving its claim
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}

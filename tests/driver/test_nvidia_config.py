@@ -168,3 +168,59 @@ def test_bad_nvidia_configs_fail_naming_claim_entry_and_field(
     text = str(err.value)
     assert expect in text, text
     assert "ns/c" in text and "config[2] (FromClaim)" in text
+
+
+@pytest.mark.parametrize(
+    ("params", "reason"),
+    [
+        (
+            gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 1.5}}),
+            "field sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "
+            "must be a quantity string such as 10Gi",
+        ),
+        (
+            gpu(kind="ComputeDomain"),
+            "unsupported kind 'ComputeDomain' of resource.nvidia.com/v1beta1 "
+            "(this driver understands GpuConfig and MigDeviceConfig)",
+        ),
+        (
+            mig(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}),
+            "field sharing.mpsConfig: cannot use MpsConfig with the 'TimeSlicing' strategy",
+        ),
+        (
+            {**gpu(), "apiVersion": "resource.nvidia.com/v1"},
+            "unsupported apiVersion/kind 'resource.nvidia.com/v1'/'GpuConfig' (this driver "
+            "understands gpu.nvidia.com/v1 GpuConfig, and resource.nvidia.com/v1beta1 GpuConfig "
+            "and MigDeviceConfig)",
+        ),
+        (
+            gpu(
+                sharing={
+                    "strategy": "MPS",
+                    "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1Mi-1"},
+                }
+            ),
+            "field sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: '1Mi-1' is not a quantity",
+        ),
+    ],
+)
+def test_config_errors_an_operator_reads_are_exact(params: dict[str, Any], reason: str) -> None:
+    with pytest.raises(config.ConfigError) as err:
+        config.decode(entry(params, index=2), ref=REF)
+    assert str(err.value).startswith(f"{REF}: opaque config[2] (FromClaim): {reason}"), err.value
+
+
+def test_pinned_memory_limits_are_whole_mib_and_at_least_one() -> None:
+    def limit(value: object) -> dict[str, Any] | None:
+        return sharing_of(
+            gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": value}})
+        )
+
+    assert limit("1Mi") == {"strategy": "MPS", "mps": {"pinnedDeviceMemoryLimit": "1Mi"}}
+    assert limit(1048576) == {"strategy": "MPS", "mps": {"pinnedDeviceMemoryLimit": "1048576"}}
+    for low in ("1048575", "1Mi-", "0.5Mi"):
+        with pytest.raises(config.ConfigError, match=r"value set too low|is not a quantity"):
+            limit(low)
+    assert config.memory_limit("1Mi") == 1 << 20
+    with pytest.raises(ValueError, match=r"^'1048575': value set too low \(MPS limits are whole"):
+        config.memory_limit("1048575")

@@ -87,3 +87,16 @@ def test_claim_locks_are_dropped_when_nobody_holds_or_waits() -> None:
     with pytest.raises(RuntimeError), locks.hold("u4"):
         raise RuntimeError("a failed prepare")
     assert locks._locks == {}
+
+
+def test_releasing_one_claim_keeps_the_other_holders() -> None:
+    owners = state.Ownership()
+    owners.reserve(ref("a"), [dev("gpu-0")])
+    owners.reserve(ref("s1"), [dev("gpu-1", share="share-1")])
+    owners.reserve(ref("s2"), [dev("gpu-1", share="share-2")])
+    owners.release("s1")
+    assert owners.holders() == {"a", "s2"}
+    with pytest.raises(state.DeviceBusy, match="already prepared for claim uid a"):
+        owners.reserve(ref("b"), [dev("gpu-0")])
+    with pytest.raises(state.DeviceBusy, match="already prepared for claim uid s2"):
+        owners.reserve(ref("b"), [dev("gpu-1")])

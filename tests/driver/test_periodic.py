@@ -66,3 +66,23 @@ def test_a_long_interval_waits_and_stop_does_not_wait_for_it() -> None:
     started = time.monotonic()
     loop.stop()
     assert time.monotonic() - started < 1
+
+
+def test_stop_waits_ten_seconds_at_most_for_a_round_in_progress() -> None:
+    joined: list[float | None] = []
+
+    class Busy:
+        """The loop's thread, stuck in a long round."""
+
+        def is_alive(self) -> bool:
+            return True
+
+        def join(self, timeout: float | None = None) -> None:
+            joined.append(timeout)
+
+    loop = periodic.Periodic(
+        name="t", task=lambda: None, interval_s=1, log=logs.get("test"), failed="x failed"
+    )
+    loop._thread = Busy()  # type: ignore[assignment]
+    loop.stop()
+    assert joined == [10] and loop._stop.is_set()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import refdata
+import structlog
 
 from dra_driver import app, logs
 from dra_driver.devices import control, fake
@@ -301,6 +302,39 @@ def test_without_gpu_control_time_slicing_is_refused_clearly() -> None:
     gpu_sharing = sharing.GpuSharing(gpu_control=None, log=logs.get("test"))
     target = sharing.Target(device="gpu-0", uuid="GPU-1", interval="Short")
     ref = ref_of(_claim(name="c", uid=new_uid()))
-    with pytest.raises(sharing.SharingError, match=r"gpu-0 asks for TimeSlicing:Short.*without"):
+    with pytest.raises(sharing.SharingError) as err:
         gpu_sharing.apply(ref, [target])
+    assert str(err.value) == (
+        f"{ref}: device gpu-0 asks for TimeSlicing:Short, but this plugin runs without GPU control"
+    )
     gpu_sharing.apply(ref, [])  # nothing asked, nothing needed
+
+
+def test_time_slicing_without_an_interval_is_recorded_as_the_default_interval(rig: Rig) -> None:
+    ref = rig.node.add(_claim(name="ts", uid=new_uid(), devices=["gpu-2"], config=[time_sliced()]))
+    assert rig.node.driver.prepare([ref])[ref.uid].error == ""
+    record = rig.node.driver.state.store.get(ref.uid)
+    assert record is not None
+    assert sharing.recorded_targets(record, rig.node.driver.state.devices) == (
+        sharing.Target(device="gpu-2", uuid=rig.uuid("gpu-2"), interval="Default"),
+    )
+    assert rig.sharing().applied() == {rig.uuid("gpu-2"): "TimeSlicing:Default"}
+    assert rig.node.driver.unprepare([ref]) == {ref.uid: ""}
+
+
+def test_a_setting_that_cannot_be_reapplied_at_start_up_is_reported_per_claim(rig: Rig) -> None:
+    ref = rig.node.add(
+        _claim(name="c", uid=new_uid(), devices=["gpu-1"], config=[time_sliced("Long")])
+    )
+    assert rig.node.driver.prepare([ref])[ref.uid].error == ""
+    rig.state.write_text("{}")  # the card lost its settings
+    gpu1 = rig.uuid("gpu-1")
+    with structlog.testing.capture_logs() as logged:
+        rig.restart(wrap=lambda inner: OneShot(inner, gpu1, "timeslice"))
+    problems = [(e["event"], e["problem"]) for e in logged if e["log_level"] == "error"]
+    assert problems == [
+        (
+            "GPU sharing settings could not be recovered",
+            f"claim uid {ref.uid}: device gpu-1: GPU {gpu1}: injected failure",
+        )
+    ]
