@@ -71,12 +71,13 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
 }
 # What the tests read besides the package and themselves: the log catalogue (tests/logcheck.py),
-# the hardware profiles and example claims (allocation tests).
+# the hardware profiles, example claims and shipped DeviceClasses (allocation, slices tests).
 SUPPORT = (
     "scripts/log_events.py",
     "docs/log-events.md",
     "benchmarks/profiles",
     "deployments/examples",
+    "deployments/deviceclasses",
 )
 SURVIVED = 0  # mutmut's exit code of a mutant no test noticed
 NO_TESTS = (5, 33)  # no test reaches the mutated function: nothing would notice either
