@@ -44,7 +44,7 @@ def node_publisher(mem: memory.InMemoryApi, tmp_path: Path, **kw: Any) -> Any:
         node_name=NODE,
         api=mem,
         lock_file=tmp_path / "publisher.lock",
-        log=Recorder(),
+        log=Recorder(),  # type: ignore[arg-type]
         **kw,
     )
 
