@@ -121,7 +121,7 @@ def test_the_health_follower_runs_in_a_named_daemon_thread_and_logs_failed_rebui
     try:
         assert follower._thread.name == "slice-health" and follower._thread.daemon
         board.mark_unhealthy("GPU-a", "test")
-        wait_for(lambda: log.lines)
+        wait_for(lambda: bool(log.lines))
         assert log.lines == [
             (
                 "error",
@@ -131,7 +131,7 @@ def test_the_health_follower_runs_in_a_named_daemon_thread_and_logs_failed_rebui
         ]
         failing[0] = False
         board.mark_unhealthy("GPU-b", "test")
-        wait_for(lambda: handed)
+        wait_for(lambda: bool(handed))
         version = board.snapshot().version
         assert handed == [[{"version": version}]]
         assert log.lines[1:] == [
