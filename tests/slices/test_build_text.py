@@ -4,6 +4,7 @@ quantities written the way the API server writes them (in slices and in error me
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import pytest
 
@@ -205,3 +206,40 @@ def test_share_of_defaults_and_errors() -> None:
         shares.share_of({"memory": "-1"}, driver="gpu.nvidia.com")
     assert str(info.value) == "consumedCapacity[memory] '-1' is not a whole, positive amount"
     assert shares.share_of({"memory": "0"}, driver="gpu.nvidia.com") == shares.Share(0, 0)
+
+
+def test_slice_names_pad_the_index_and_hash_names_too_long_for_the_api() -> None:
+    assert build.slice_name("n1", "gpu.nvidia.com", 0) == "n1-gpu.nvidia.com-0"
+    assert build.slice_name("n1", "gpu.nvidia.com", 0, 0) == "n1-gpu.nvidia.com-0"
+    assert build.slice_name("n1", "gpu.nvidia.com", 3, 10) == "n1-gpu.nvidia.com-3"
+    assert build.slice_name("n1", "gpu.nvidia.com", 3, 11) == "n1-gpu.nvidia.com-03"
+    assert build.slice_name("n1", "gpu.nvidia.com", 7, 101) == "n1-gpu.nvidia.com-007"
+    fits = "a" * (253 - len("-gpu.nvidia.com-0"))
+    assert build.slice_name(fits, "gpu.nvidia.com", 0) == f"{fits}-gpu.nvidia.com-0"
+    node = "a" * 199 + "-" + "b" * 40
+    digest = hashlib.sha256(f"{node}/GPU.nvidia.com".encode()).hexdigest()[:10]
+    assert build.slice_name(node, "GPU.nvidia.com", 1, 12) == f"{'a' * 199}-{digest}-01"
+    node = "c" * 199 + "." + "d" * 60
+    digest = hashlib.sha256(f"{node}/gpu.nvidia.com".encode()).hexdigest()[:10]
+    assert build.slice_name(node, "gpu.nvidia.com", 0) == f"{'c' * 199}-{digest}-0"
+    node = "e" * 250
+    digest = hashlib.sha256(f"{node}/gpu.nvidia.com".encode()).hexdigest()[:10]
+    assert build.slice_name(node, "gpu.nvidia.com", 0) == f"{'e' * 200}-{digest}-0"
+
+
+def test_a_slice_with_an_owner_and_one_with_counters() -> None:
+    built = build.build(devices_of("pcie-l4"), node_name="n1", node_uid="uid-1", generation=4)
+    first = built.slices[0]
+    assert first["apiVersion"] == "resource.k8s.io/v1" and first["kind"] == "ResourceSlice"
+    assert first["metadata"] == {
+        "name": "n1-gpu.nvidia.com-0",
+        "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "uid-1", "controller": True}
+        ],
+    }
+    assert first["spec"]["driver"] == "gpu.nvidia.com" and first["spec"]["nodeName"] == "n1"
+    assert first["spec"]["pool"] == {"name": "n1", "generation": 4, "resourceSliceCount": 2}
+    assert "devices" not in first["spec"] and first["spec"]["sharedCounters"]
+    assert "sharedCounters" not in built.slices[1]["spec"]
+    plain = build.build(devices_of("pcie-l4"), node_name="n1", gpu_sets=False).slices[0]
+    assert "ownerReferences" not in plain["metadata"]
