@@ -120,7 +120,7 @@ def test_dynamic_mig_reaches_the_first_build_and_the_health_rebuilds(
     mem: memory.InMemoryApi, tmp_path: Path
 ) -> None:
     board = health.HealthBoard()
-    gpus = devices_of("dgx-h100")
+    gpus = devices_of("h100-mig")
     node = node_publisher(
         mem, tmp_path, devices=gpus, board=board, dynamic_mig=migprofiles.DynamicMig.parse("all")
     )
