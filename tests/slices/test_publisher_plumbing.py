@@ -539,16 +539,28 @@ def test_a_refused_watch_is_logged_and_retried_with_backoff(
     assert third is not None and 0.4 <= third <= 0.8  # the opened watch ended at once
 
 
-def test_a_watch_that_ran_a_while_and_broke_is_reopened_at_once_after_a_short_pause(
+@pytest.mark.parametrize(("timeout", "ran"), [(30.0, 20.0), (30.0, 1.0), (1.0, 0.6), (1.0, 0.5)])
+def test_a_watch_that_ran_a_while_and_broke_is_reopened_after_a_short_pause(
+    monkeypatch: pytest.MonkeyPatch, timeout: float, ran: float
+) -> None:
+    broke = ("break", api.ApiError(0, "connection reset"))
+    steps: list[Step] = [(0.0, [], broke), (0.0, [], broke), (0.0, [], broke), (ran, [], broke)]
+    _, _, stop, log = watch_loop(monkeypatch, steps, watch_timeout_s=timeout)
+    third, fourth = stop.waits[2:4]
+    assert third is not None and 0.4 <= third <= 0.8  # broke at once: backing off
+    # ran at least min(1 s, half its timeout): the backoff starts over
+    assert fourth is not None and 0.1 <= fourth <= 0.2
+    assert len(events(log, "watch of ResourceSlices failed")) == 4
+
+
+def test_a_watch_that_broke_soon_after_it_opened_keeps_backing_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     broke = ("break", api.ApiError(0, "connection reset"))
-    steps: list[Step] = [(0.0, [], broke), (0.0, [], broke), (0.0, [], broke), (20.0, [], broke)]
-    _, _, stop, log = watch_loop(monkeypatch, steps)
-    third, fourth = stop.waits[2:4]
-    assert third is not None and 0.4 <= third <= 0.8  # broke at once: backing off
-    assert fourth is not None and 0.1 <= fourth <= 0.2  # ran 20 s: the backoff starts over
-    assert len(events(log, "watch of ResourceSlices failed")) == 4
+    steps: list[Step] = [(0.0, [], broke), (0.0, [], broke), (0.0, [], broke), (0.45, [], broke)]
+    _, _, stop, _ = watch_loop(monkeypatch, steps, watch_timeout_s=1.0)
+    fourth = stop.waits[3]
+    assert fourth is not None and 0.8 <= fourth <= 1.6
 
 
 @pytest.mark.parametrize(
