@@ -721,3 +721,52 @@ def test_desired_slices_are_copied(mem: memory.InMemoryApi) -> None:
     slices[0]["spec"]["devices"] = []
     pub.reconcile_once()
     assert len(mem.all_resource_slices()[0]["spec"]["devices"]) == 8
+
+
+class FailingSecondUpdate:
+    """The in-memory API, but the second update of a pass fails once (a write half done)."""
+
+    def __init__(self, mem: memory.InMemoryApi) -> None:
+        self.mem = mem
+        self.updates = 0
+        self.armed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.mem, name)
+
+    def update_resource_slice(self, obj: Obj) -> Obj:
+        self.updates += 1
+        if self.armed and self.updates == 2:
+            self.armed = False
+            raise api.ApiError(500, "half done")
+        return self.mem.update_resource_slice(obj)
+
+
+def test_a_half_written_change_keeps_its_generation_unless_the_server_is_past_it(
+    mem: memory.InMemoryApi,
+) -> None:
+    kube = FailingSecondUpdate(mem)
+    pub = make(kube, Recorder())
+    pub.set_desired(desired(build_for(130)))
+    listed = mem.list_resource_slices(driver=DRIVER, node_name="n1")[1]
+    first = pub.reconcile_once()
+    assert first.generation == 1
+    assert first.resource_version == listed  # what the pass's list saw, before its writes
+    kube.armed, kube.updates = True, 0
+    pub.set_desired(desired(build_for(129)))
+    with pytest.raises(publisher.PublishError):
+        pub.reconcile_once()  # slice 0 has generation 2 now, slice 1 still 1
+    assert sorted(s["spec"]["pool"]["generation"] for s in mem.all_resource_slices()) == [1, 2]
+    outcome = pub.reconcile_once()
+    assert outcome.generation == 2 and outcome.updated == ["n1-gpu.nvidia.com-1"]
+    assert {s["spec"]["pool"]["generation"] for s in mem.all_resource_slices()} == {2}
+    # someone else moved the pool past the generation a failed pass had chosen
+    kube.armed, kube.updates = True, 0
+    pub.set_desired(desired(build_for(130)))
+    with pytest.raises(publisher.PublishError):
+        pub.reconcile_once()
+    other = mem.get_resource_slice("n1-gpu.nvidia.com-0")
+    other["spec"]["pool"]["generation"] = 9
+    mem.put_resource_slice(other)
+    assert pub.reconcile_once().generation == 10
+    assert {s["spec"]["pool"]["generation"] for s in mem.all_resource_slices()} == {10}
