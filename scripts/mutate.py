@@ -71,6 +71,35 @@ NO_TESTS = (5, 33)  # no test reaches the mutated function: nothing would notice
 LIST_ONLY = "__mutate_py_lists_mutants_only__"  # a name no mutant has: generate, test nothing
 
 
+# A pytest plugin for the workspace. mutmut runs the clean tests inside its own process and
+# then waits for *any* child (os.wait) to collect a mutant's result: a child the tests left
+# behind (an MPS daemon killed but not reaped) crashes it with a KeyError.
+REAPER = '''"""Ends and reaps every child process a test session leaves behind (see mutate.py)."""
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+
+def _children():
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                    found.append(int(entry.name))
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for pid in _children():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+'''
+
+
 def workspace(group: str, *, keep_results: bool = False) -> Path:
     """A scratch copy of the package and the tests with a mutmut config for ``group``.
 
@@ -98,13 +127,17 @@ def workspace(group: str, *, keep_results: bool = False) -> Path:
         *(f"    {m}" for m in mutate),
         "also_copy=",
         "    tests",
+        "    mutate_reaper.py",
         "pytest_add_cli_args_test_selection=",
         *(f"    {t}" for t in tests),
         "pytest_add_cli_args=",
+        "    -p",
+        "    mutate_reaper",
         "    -q",
         "    -x",
     ]
     (root / "setup.cfg").write_text("\n".join(lines) + "\n")
+    (root / "mutate_reaper.py").write_text(REAPER)
     return root
 
 

@@ -5,10 +5,11 @@ it is absent, an error when it is absent under ``CI=true`` (see ``tests/refdata.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import logcheck
 import pytest
 import refdata
 
@@ -68,6 +69,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if refdata.required():
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)  # one call site and one reason: `-ra` prints a single summary line
+
+
+@pytest.fixture(autouse=True)
+def _logged_events_are_catalogued() -> Iterator[None]:
+    """Every event the code logs during a test is in docs/log-events.md with its level and
+    fields (an event's text, level and fields are what operators alert on)."""
+    with logcheck.checked() as problems:
+        yield
+    assert not problems, "log events off the catalogue:\n" + "\n".join(problems)
 
 
 @pytest.fixture(scope="session")

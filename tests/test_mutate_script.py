@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -65,3 +66,27 @@ def test_every_group_names_files_and_tests_that_exist(mutate: ModuleType) -> Non
             assert list(repo.glob(pattern)), f"{name}: {pattern} matches nothing"
         for test in tests:
             assert (repo / test).exists(), f"{name}: {test} does not exist"
+
+
+def test_the_workspace_plugin_ends_and_reaps_what_a_test_session_leaves_behind(
+    mutate: ModuleType, tmp_path: Path
+) -> None:
+    """mutmut waits for any child: a leftover one crashed a driver run (KeyError in its runner)."""
+    (tmp_path / "mutate_reaper.py").write_text(mutate.REAPER)
+    pidfile = tmp_path / "pid"
+    (tmp_path / "test_leaves.py").write_text(
+        "import subprocess, pathlib\n"
+        "def test_leaves_a_child():\n"
+        "    p = subprocess.Popen(['sleep', '60'])\n"
+        f"    pathlib.Path({str(pidfile)!r}).write_text(str(p.pid))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "mutate_reaper", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not Path(f"/proc/{pidfile.read_text()}").exists()  # killed and reaped, not orphaned

@@ -22,7 +22,11 @@ def test_runs_again_after_a_failing_round_and_stops_at_once() -> None:
             third.set()
 
     loop = periodic.Periodic(
-        name="t", task=task, interval_s=0.01, log=logs.get("test"), failed="round failed"
+        name="t",
+        task=task,
+        interval_s=0.01,
+        log=logs.get("test"),
+        failed="claim clean-up failed; will retry",
     )
     loop.start()
     assert third.wait(5), "the loop died after its failing round"
@@ -37,7 +41,11 @@ def test_runs_again_after_a_failing_round_and_stops_at_once() -> None:
 def test_interval_zero_never_starts() -> None:
     ran = threading.Event()
     loop = periodic.Periodic(
-        name="t", task=ran.set, interval_s=0, log=logs.get("test"), failed="round failed"
+        name="t",
+        task=ran.set,
+        interval_s=0,
+        log=logs.get("test"),
+        failed="claim clean-up failed; will retry",
     )
     loop.start()
     assert not ran.wait(0.1) and not loop._thread.is_alive()
@@ -47,7 +55,11 @@ def test_interval_zero_never_starts() -> None:
 def test_a_long_interval_waits_and_stop_does_not_wait_for_it() -> None:
     ran = threading.Event()
     loop = periodic.Periodic(
-        name="t", task=ran.set, interval_s=60, log=logs.get("test"), failed="round failed"
+        name="t",
+        task=ran.set,
+        interval_s=60,
+        log=logs.get("test"),
+        failed="claim clean-up failed; will retry",
     )
     loop.start()
     assert not ran.wait(0.1)  # the first round comes after one interval, not at start
