@@ -243,3 +243,18 @@ def test_a_slice_with_an_owner_and_one_with_counters() -> None:
     assert "sharedCounters" not in built.slices[1]["spec"]
     plain = build.build(devices_of("pcie-l4"), node_name="n1", gpu_sets=False).slices[0]
     assert "ownerReferences" not in plain["metadata"]
+
+
+def test_devices_follow_the_gpu_minors_whatever_order_nvml_lists_them_in() -> None:
+    devices = devices_of("dgx-h100")
+    shuffled = dataclasses.replace(devices, gpus=tuple(reversed(devices.gpus)))
+    assert (
+        build.build(shuffled, node_name="n1").slices == build.build(devices, node_name="n1").slices
+    )
+    names = [d["name"] for d in build.device_entries(shuffled)]
+    assert names == [f"gpu-{i}" for i in range(8)]
+    mig = devices_of("a100-mig")
+    gpus = [dataclasses.replace(g, mig_devices=tuple(reversed(g.mig_devices))) for g in mig.gpus]
+    assert any(len(g.mig_devices) > 1 for g in gpus)
+    shuffled = dataclasses.replace(mig, gpus=tuple(reversed(gpus)))
+    assert build.device_entries(shuffled) == build.device_entries(mig)
