@@ -208,3 +208,17 @@ def test_check_references_names_a_missing_counter_and_a_set_defined_twice() -> N
         f"counter set {twice[0]['spec']['sharedCounters'][0]['name']} is defined twice in the pool"
     ]
     assert migslices.check_references([{"spec": {}}, {}], _parse) == []
+
+
+def test_a_dynamic_gpu_in_mig_mode_is_a_full_gpu_for_the_per_gpu_counters() -> None:
+    devices = fake.FakeBackend.from_name("h100-mig").discover()
+    assert devices.gpus[1].mig_enabled and not devices.gpus[1].mig_devices
+    built = build.build(devices, node_name="n1", dynamic_mig=ALL)
+    [gpus] = [c for c in _sets(built.slices) if c["name"] == "gpus"]
+    assert gpus == {
+        "name": "gpus",
+        "counters": {"gpu-0": {"value": "80Gi"}, "gpu-1": {"value": "80Gi"}},
+    }
+    full = {d["name"]: d for d in _devices(built.slices) if "-mig-" not in d["name"]}
+    assert [c["counterSet"] for c in full["gpu-1"]["consumesCounters"]] == ["gpus", "gpu-1-mig"]
+    assert full["gpu-1"]["consumesCounters"][0]["counters"] == {"gpu-1": {"value": "80Gi"}}
