@@ -681,3 +681,26 @@ def test_fully_qualified_names_need_a_domain() -> None:
     assert [str(e) for e in devicerules.fully_qualified_name_errors("c.m", "/x")] == [
         'c.m: Invalid value: "": the domain must not be empty'
     ]
+
+
+def test_every_per_device_limit_is_inclusive() -> None:
+    at_limit = dev(
+        attributes={
+            **{f"a{i}": {"int": i} for i in range(28)},
+            "s": {"string": "y" * 64},
+            "v": {"version": "1.2.3-" + "a" * 58},
+            "l": {"strings": ["z" * 64]},
+        },
+        capacity=counters(1),
+        taints=[{"key": f"k{i}", "effect": "None"} for i in range(16)],
+        consumesCounters=[
+            {"counterSet": "s", "counters": counters(32)},
+            {"counterSet": "t", "counters": counters(32)},
+        ],
+        bindingConditions=["a", "b", "c", "d"],
+        bindingFailureConditions=["e", "f", "g", "h"],
+    )
+    assert len(at_limit["attributes"]) + len(at_limit["capacity"]) == 32
+    assert lines(slice_with([at_limit])) == []
+    shared = [{"name": f"s{i}", "counters": counters(32)} for i in range(8)]
+    assert lines(without(slice_with([], sharedCounters=shared), "devices")) == []
