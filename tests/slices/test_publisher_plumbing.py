@@ -770,3 +770,36 @@ def test_a_half_written_change_keeps_its_generation_unless_the_server_is_past_it
     mem.put_resource_slice(other)
     assert pub.reconcile_once().generation == 10
     assert {s["spec"]["pool"]["generation"] for s in mem.all_resource_slices()} == {10}
+
+
+def test_an_update_that_keeps_finding_the_slice_gone_says_so(mem: memory.InMemoryApi) -> None:
+    pub = make(mem, Recorder())
+    pub.set_desired(desired())
+    pub.reconcile_once()
+    pub.set_desired(desired("pcie-l4"))
+    mem.fail_next("update_resource_slice", 404, times=4, message="slice vanished")
+    with pytest.raises(publisher.PublishError) as info:
+        pub.reconcile_once()
+    assert (info.value.op, info.value.cause.status) == ("update", 409)  # re-read, then create
+    assert str(info.value) == f"update ResourceSlice '{SLICE}' failed: slice vanished"
+
+
+def test_a_failed_pass_over_unchanged_content_forgets_an_older_failed_change(
+    mem: memory.InMemoryApi,
+) -> None:
+    pub = make(mem, Recorder())
+    pub.set_desired(desired())
+    assert pub.reconcile_once().generation == 1
+    pub.set_desired(desired("pcie-l4"))
+    mem.fail_next("update_resource_slice", 500, times=1)
+    with pytest.raises(publisher.PublishError):
+        pub.reconcile_once()  # generation 2 was chosen for pcie-l4, and not written
+    labelled = desired()
+    labelled[0]["metadata"]["labels"] = {"team": "gpu"}  # same content, new metadata
+    pub.set_desired(labelled)
+    mem.fail_next("update_resource_slice", 500, times=1)
+    with pytest.raises(publisher.PublishError):
+        pub.reconcile_once()
+    pub.set_desired(desired("pcie-l4"))
+    outcome = pub.reconcile_once()
+    assert outcome.updated == [SLICE] and outcome.generation == 2
