@@ -258,3 +258,31 @@ def test_devices_follow_the_gpu_minors_whatever_order_nvml_lists_them_in() -> No
     assert any(len(g.mig_devices) > 1 for g in gpus)
     shuffled = dataclasses.replace(mig, gpus=tuple(reversed(gpus)))
     assert build.device_entries(shuffled) == build.device_entries(mig)
+
+
+def test_a_gpu_set_carries_what_all_its_members_share_and_nothing_they_do_not() -> None:
+    built = build.build(devices_of("dgx-h100"), node_name="n1")
+    published = {d["name"]: d for s in built.slices for d in s["spec"].get("devices") or ()}
+    gpu0, gpu2 = published["gpu-0"]["attributes"], published["gpu-2"]["attributes"]
+    shared = [
+        "productName",
+        "brand",
+        "architecture",
+        "cudaComputeCapability",
+        "driverVersion",
+        "cudaDriverVersion",
+        "nvlinkIsland",
+        "resource.kubernetes.io/numaNode",
+    ]
+    pair = published["gpus-0-2"]["attributes"]
+    for key in shared:
+        assert pair[key] == gpu0[key] == gpu2[key], key
+    assert gpu0[build.PCIE_ROOT] != gpu2[build.PCIE_ROOT]
+    assert build.PCIE_ROOT not in pair  # the members differ: left out
+    assert published["gpus-0-1"]["attributes"][build.PCIE_ROOT] == gpu0[build.PCIE_ROOT]
+    assert "uuid" not in pair and build.PCI_BUS_ID not in pair
+    assert (
+        pair["memory"]
+        if "memory" in pair
+        else published["gpus-0-2"]["capacity"] == {"memory": {"value": "80Gi"}}
+    )
