@@ -282,3 +282,19 @@ def test_a_gpu_set_carries_what_all_its_members_share_and_nothing_they_do_not() 
     assert published["gpus-0-1"]["attributes"][build.PCIE_ROOT] == gpu0[build.PCIE_ROOT]
     assert "uuid" not in pair and build.PCI_BUS_ID not in pair
     assert published["gpus-0-2"]["capacity"] == {"memory": {"value": "80Gi"}}
+
+
+def test_a_device_a_decorating_pass_breaks_is_left_out_and_named() -> None:
+    def bad_taint(devices: list[dict[str, object]]) -> None:
+        for device in devices:
+            if device["name"] == "gpu-1":
+                device["taints"] = [{"key": "k", "effect": "Sometimes"}]
+
+    result = build.build(devices_of("pcie-l4"), node_name="n1", decorate=bad_taint, gpu_sets=False)
+    assert result.problems == [
+        "device 'gpu-1' left out of the ResourceSlice: spec.devices[0].taints[0].effect: "
+        'Unsupported value: "Sometimes": supported values: "NoExecute", "NoSchedule", "None" '
+        "(device 'gpu-1')"
+    ]
+    names = [d["name"] for s in result.slices for d in s["spec"]["devices"]]
+    assert "gpu-1" not in names and "gpu-0" in names

@@ -400,6 +400,7 @@ def test_counter_set_text() -> None:
         {"name": "s", "counters": {"c": {}}},
         {"name": "t", "counters": counters(33)},
         {"counters": {"c": {}}},
+        {"counters": {"c": {}}},
     ]
     obj = without(slice_with([], sharedCounters=shared), "devices")
     assert lines(obj) == [
@@ -407,7 +408,9 @@ def test_counter_set_text() -> None:
         "spec.sharedCounters[1].counters: Required value",
         "spec.sharedCounters[3].counters: Too many: 33: must have at most 32 items",
         "spec.sharedCounters[4].name: Required value",
+        "spec.sharedCounters[5].name: Required value",
         'spec.sharedCounters[2]: Duplicate value: "s"',
+        'spec.sharedCounters[5]: Duplicate value: ""',
     ]
     eight = [{"name": f"s{i}", "counters": {"c": {}}} for i in range(8)]
     assert lines(without(slice_with([], sharedCounters=eight), "devices")) == []
