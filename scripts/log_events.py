@@ -33,14 +33,21 @@ LEVEL_OF = {
     "exception": "error",
     "critical": "critical",
 }
-# Calls whose first argument is a log event although they are not logger methods.
+# Fields that are null on some lines of an event (written ``name?`` on the page): every other
+# listed field must have a value.
+MAY_BE_NULL = {
+    ("device unhealthy", "ended"),  # no condition ended with this change
+    ("device health changed", "ended"),
+    ("stopped MPS control daemon", "pid"),  # a daemon that never got a process
+}
 SKIP_FILES = ("logs.py",)  # the stdlib bridge re-logs other libraries' records as they are
 HEADER = """# Log events
 
 Every event the driver logs (the `event` key of a JSON log line), with its level and the
 fields that are always on it. Lines about a claim also carry `claim_uid`, `claim_namespace`
 and `claim_name`; every line carries `logger`, `level` and `timestamp`. `{...}` in an event
-stands for a part that varies (a gRPC method, an operation).
+stands for a part that varies (a gRPC method, an operation). Every listed field has a value
+except those written `name?`, which are null on some lines.
 
 Written by `python scripts/log_events.py --write` from the source. The tests check that this
 page matches the source and that every event a test run logs is listed here with its level
@@ -104,8 +111,10 @@ def scan(package: Path = PACKAGE) -> list[Event]:
             texts = _texts(node.args[0])
             if texts is None:
                 raise SystemExit(f"{where}:{node.lineno}: a log event that is not a literal")
-            fields = tuple(sorted(kw.arg for kw in node.keywords if kw.arg is not None))
-            found.update(Event(LEVEL_OF[func.attr], t, fields, where) for t in texts)
+            names = sorted(kw.arg for kw in node.keywords if kw.arg is not None)
+            for t in texts:
+                fields = tuple(f"{f}?" if (t, f) in MAY_BE_NULL else f for f in names)
+                found.add(Event(LEVEL_OF[func.attr], t, fields, where))
     return sorted(found)
 
 
@@ -142,24 +151,31 @@ class Catalogue:
     """Checks logged events against the page."""
 
     def __init__(self, events: list[Event]) -> None:
-        self.by_level: dict[str, list[tuple[re.Pattern[str], frozenset[str]]]] = {}
+        # level -> (event pattern, fields, the fields that may be null)
+        self.by_level: dict[str, list[tuple[re.Pattern[str], frozenset[str], frozenset[str]]]]
+        self.by_level = {}
         for e in events:
-            self.by_level.setdefault(e.level, []).append((e.pattern(), frozenset(e.fields)))
+            fields = frozenset(f.rstrip("?") for f in e.fields)
+            nullable = frozenset(f.rstrip("?") for f in e.fields if f.endswith("?"))
+            self.by_level.setdefault(e.level, []).append((e.pattern(), fields, nullable))
 
     def problem(self, method: str, event_dict: dict[str, object]) -> str | None:
         """Why this logged event breaks the catalogue; None when it is listed."""
         level, text = LEVEL_OF.get(method, method), event_dict.get("event")
         if not isinstance(text, str):
             return f"a {level} event that is not text: {text!r}"
-        rows = [fields for pattern, fields in self.by_level.get(level, []) if pattern.match(text)]
+        rows = [(f, n) for pattern, f, n in self.by_level.get(level, []) if pattern.match(text)]
         if not rows:
             return f"{level} event {text!r} is not in docs/log-events.md"
-        if not any(fields <= event_dict.keys() for fields in rows):
-            want = " or ".join(sorted(", ".join(sorted(f)) for f in rows))
+        if not any(fields <= event_dict.keys() for fields, _ in rows):
+            want = " or ".join(sorted(", ".join(sorted(f)) for f, _ in rows))
             return f"{level} event {text!r} lacks its fields ({want}): has {sorted(event_dict)}"
-        if not any(all(event_dict.get(f) is not None for f in fields) for fields in rows):
-            empty = sorted({f for fields in rows for f in fields if event_dict.get(f) is None})
-            return f"{level} event {text!r}: fields without a value: {', '.join(empty)}"
+        empty = [
+            {f for f in fields - nullable if event_dict.get(f) is None} for fields, nullable in rows
+        ]
+        if all(empty):
+            names = sorted(set().union(*empty))
+            return f"{level} event {text!r}: fields without a value: {', '.join(names)}"
         return None
 
 

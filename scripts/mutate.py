@@ -11,8 +11,9 @@ two cores. ``docs/mutation.md`` records the last score and the survivors judged 
 Usage: ``python scripts/mutate.py [GROUP ...] [--max-children N] [--again | --sample N]``;
 ``--list`` shows groups. ``--again`` keeps the group's last results and re-tests only what may
 have changed: mutants of edited functions, those never checked, and the survivors (after new
-tests). ``--sample N`` tests a uniform random sample of N mutants (``--seed``) and prints the
+tests). ``--sample N`` scores a uniform random sample of N mutants (``--seed``) and prints the
 score with its 95 % Wilson interval: an estimate when a full run does not fit the time at hand.
+Both together re-test only the sample's survivors, unchecked and changed mutants.
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["dra_driver/driver/*"],
         # every in-process driver test: not the SIGKILL crash suites or podman (a mutant in a
         # child process or a container is invisible to mutmut)
-        sorted(
-            f"tests/driver/{p.name}"
-            for p in (REPO / "tests" / "driver").glob("test_*.py")
-            if p.stem not in DRIVER_OUT_OF_PROCESS
-        ),
+        [
+            *sorted(
+                f"tests/driver/{p.name}"
+                for p in (REPO / "tests" / "driver").glob("test_*.py")
+                if p.stem not in DRIVER_OUT_OF_PROCESS
+            ),
+            "tests/kubelet/test_dra_service.py",  # the driver behind the in-process gRPC server
+        ],
     ),
     "slices": (["dra_driver/slices/*"], ["tests/slices", "tests/fakeapi/test_admission.py"]),
     "placement": (["dra_driver/allocation/placement.py"], ["tests/allocation"]),
@@ -160,19 +164,22 @@ def run(
     env = {k: v for k, v in os.environ.items() if k != "CI"}  # fixture tests: skipped
     mutmut = [sys.executable, "-m", "mutmut"]
     base = [*mutmut, "run", "--max-children", str(max_children)]
-    names: list[str] = []
+    names: list[str] = []  # the mutants scored: all, or the sample
+    retest: list[str] = []  # the mutants tested now (none named: mutmut's own choice)
     if again or sample:
         # Generate (re-using the results of unchanged functions) without testing anything.
         subprocess.run([*base, LIST_ONLY], cwd=root, env=env, check=False, capture_output=True)
         codes = results(root, group)
+        names = sorted(codes)
         if sample:
-            names = random.Random(seed).sample(sorted(codes), min(sample, len(codes)))
-        else:
-            names = [n for n, code in codes.items() if code in (None, SURVIVED, *NO_TESTS)]
-        if not names:
+            names = random.Random(seed).sample(names, min(sample, len(names)))
+        retest = names
+        if again:  # a kill stands while its function is unchanged (mutmut resets changed ones)
+            retest = [n for n in names if codes[n] in (None, SURVIVED, *NO_TESTS)]
+        if not retest:
             print(f"{group}: nothing to re-test")
-    if names or not (again or sample):
-        subprocess.run([*base, *names], cwd=root, env=env, check=False)
+    if retest or not (again or sample):
+        subprocess.run([*base, *retest], cwd=root, env=env, check=False)
     out = root / "mutants" / "mutmut-cicd-stats.json"
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=root, env=env, check=False)
     stats: dict[str, int] = json.loads(out.read_text()) if out.is_file() else {}
@@ -217,11 +224,10 @@ def main() -> int:
     parser.add_argument("groups", nargs="*", help=f"of {', '.join(GROUPS)} (default: all)")
     parser.add_argument("--max-children", type=int, default=1, help="parallel mutants")
     parser.add_argument("--list", action="store_true", help="list the groups and exit")
-    how = parser.add_mutually_exclusive_group()
-    how.add_argument(
+    parser.add_argument(
         "--again", action="store_true", help="keep results; re-test changed, unchecked, survivors"
     )
-    how.add_argument("--sample", type=int, default=0, help="test N random mutants only")
+    parser.add_argument("--sample", type=int, default=0, help="score N random mutants only")
     parser.add_argument("--seed", type=int, default=17, help="of the --sample draw")
     args = parser.parse_args()
     if args.list:

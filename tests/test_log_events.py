@@ -82,6 +82,17 @@ def test_the_catalogue_rejects_what_the_page_does_not_say() -> None:
     assert catalogue.problem("info", {"event": None}) == "a info event that is not text: None"
 
 
+def test_a_field_marked_nullable_may_be_null_and_the_others_may_not() -> None:
+    catalogue = log_events.Catalogue(
+        [log_events.Event("info", "stopped", ("daemon", "pid?"), "x.py")]
+    )
+    assert catalogue.problem("info", {"event": "stopped", "daemon": "d", "pid": None}) is None
+    assert catalogue.problem("info", {"event": "stopped", "daemon": None, "pid": 3}) == (
+        "info event 'stopped': fields without a value: daemon"
+    )
+    assert catalogue.problem("info", {"event": "stopped", "daemon": "d"}) is not None  # no pid
+
+
 def test_the_check_sees_events_of_any_logger_but_not_stdlib_records() -> None:
     logging.getLogger("some.library")  # a stdlib logger: its records are not ours
     before = list(structlog.get_config()["processors"])
