@@ -47,6 +47,10 @@ def test_a_version_that_is_not_semver_is_left_out_naming_the_device_and_attribut
     )
     assert "cudaDriverVersion" not in gpu0["attributes"]
     assert gpu0["attributes"]["driverVersion"] == {"version": "580.95.5"}
+    dynamic = with_gpu(devices_of("h100-mig"), 0, cuda_driver_version=bad)
+    result = build.build(dynamic, node_name="n1", dynamic_mig=migprofiles.DynamicMig.parse("all"))
+    # the full GPU of a dynamic-MIG GPU says so once; its placements share its attributes
+    assert result.problems == [f"device 'gpu-0': attribute cudaDriverVersion omitted: {reason}"]
 
 
 def test_a_device_left_out_is_named_with_every_error() -> None:
