@@ -340,6 +340,11 @@ def test_node_selection_text() -> None:
     ]
     obj = without(slice_with([dev()], nodeSelector={"nodeSelectorTerms": [term]}), "nodeName")
     assert lines(obj) == []
+    obj = slice_with([dev()], nodeSelector={"nodeSelectorTerms": [term]})
+    assert lines(obj) == [
+        'spec: Invalid value: "{`nodeName`, `nodeSelector`}": '
+        f"{NODE_SELECTION}, but multiple fields are set"
+    ]
 
 
 def test_pool_text() -> None:
