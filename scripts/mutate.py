@@ -70,6 +70,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["tests/deviceplugin"],
     ),
 }
+SUPPORT = ("scripts/log_events.py", "docs/log-events.md")  # files tests/logcheck.py reads
 SURVIVED = 0  # mutmut's exit code of a mutant no test noticed
 NO_TESTS = (5, 33)  # no test reaches the mutated function: nothing would notice either
 LIST_ONLY = "__mutate_py_lists_mutants_only__"  # a name no mutant has: generate, test nothing
@@ -120,6 +121,9 @@ def workspace(group: str, *, keep_results: bool = False) -> Path:
         root.mkdir(parents=True)
     shutil.copytree(REPO / "dra_driver", root / "dra_driver")
     shutil.copytree(REPO / "tests", root / "tests")
+    for extra in SUPPORT:  # what the tests read besides the package (the log catalogue)
+        (root / extra).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / extra, root / extra)
     # pytest settings without the project's [tool.*] sections, so mutmut reads setup.cfg.
     (root / "pyproject.toml").write_text(
         '[tool.pytest.ini_options]\ntestpaths = ["tests"]\naddopts = "-p no:cacheprovider"\n'
@@ -132,6 +136,7 @@ def workspace(group: str, *, keep_results: bool = False) -> Path:
         "also_copy=",
         "    tests",
         "    mutate_reaper.py",
+        *(f"    {extra}" for extra in SUPPORT),
         "pytest_add_cli_args_test_selection=",
         *(f"    {t}" for t in tests),
         "pytest_add_cli_args=",

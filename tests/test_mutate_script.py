@@ -66,6 +66,10 @@ def test_every_group_names_files_and_tests_that_exist(mutate: ModuleType) -> Non
             assert list(repo.glob(pattern)), f"{name}: {pattern} matches nothing"
         for test in tests:
             assert (repo / test).exists(), f"{name}: {test} does not exist"
+    for extra in mutate.SUPPORT:  # copied into each workspace: the tests read them
+        assert (repo / extra).is_file(), extra
+    logcheck = (repo / "tests" / "logcheck.py").read_text()
+    assert "log_events.py" in logcheck and "log_events.PAGE" in logcheck
 
 
 def test_the_workspace_plugin_ends_and_reaps_what_a_test_session_leaves_behind(

@@ -48,7 +48,6 @@ class ContainerEdits:
     envs: dict[str, str]
     device_nodes: tuple[DeviceNode, ...]
     cdi_devices: tuple[str, ...]
-    units: tuple[inventory.Unit, ...]
     mounts: tuple[mps_replicas.Mount, ...] = ()
 
 
@@ -91,6 +90,4 @@ def container_edits(
         shared = mps.edits(devices)
         envs.update(shared.envs)
         mounts = shared.mounts
-    return ContainerEdits(
-        envs=envs, device_nodes=nodes, cdi_devices=names, units=units, mounts=mounts
-    )
+    return ContainerEdits(envs=envs, device_nodes=nodes, cdi_devices=names, mounts=mounts)

@@ -95,13 +95,12 @@ def build_spec(
         }
         for name in sorted(unique)
     ]
-    spec: dict[str, Any] = {
-        "cdiVersion": "",
+    body: dict[str, Any] = {
         "kind": kind,
         "devices": devices,
         "containerEdits": {"deviceNodes": [_node(p, fake_node) for p in CONTROL_NODES]},
     }
-    spec["cdiVersion"] = dra_cdi.minimum_version(spec)
+    spec = {"cdiVersion": dra_cdi.minimum_version(body), **body}  # the version first in the file
     problems = dra_cdi.check(spec)
     if problems:
         raise CdiError(f"static CDI spec {kind} would be invalid: {'; '.join(problems)}")

@@ -1,8 +1,9 @@
 """A stand-in kubelet for the device plugin: our own Registration server on a real unix socket.
 
-It records every RegisterRequest, can refuse registrations like a kubelet that already has the
-resource, and can "restart" the way the real one does: stop, delete ``kubelet.sock`` (and the
-plugin sockets), then serve a fresh Registration server on a new ``kubelet.sock``.
+It records every RegisterRequest (and the deadline it came with), can answer slowly, can refuse
+registrations like a kubelet that already has the resource, and can "restart" the way the real
+one does: stop, delete ``kubelet.sock`` (and the plugin sockets), then serve a fresh Registration
+server on a new ``kubelet.sock``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ class _Registration(pb_grpc.RegistrationServicer):
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
         with self.owner.cond:
+            self.owner.deadlines.append(context.time_remaining())
+        if self.owner.hold is not None:  # a slow kubelet: answer once the test lets it
+            self.owner.hold.wait(timeout=30)
+        with self.owner.cond:
             self.owner.requests.append(request)
             self.owner.cond.notify_all()
         if self.owner.reject is not None:
@@ -38,13 +43,15 @@ class FakeKubelet:
         self.socket = plugin_dir / "kubelet.sock"
         self.reject = reject
         self.requests: list[pb.RegisterRequest] = []
+        self.deadlines: list[float | None] = []  # seconds each Register call had left
+        self.hold: threading.Event | None = None  # set: Register waits for it first
         self.cond = threading.Condition()
         self._server: grpc.Server | None = None
 
     def start(self) -> FakeKubelet:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
-        server.add_insecure_port(f"unix://{self.socket}")
+        server.add_insecure_port(f"unix:{self.socket}")
         server.start()
         self._server = server
         return self
@@ -71,4 +78,4 @@ class FakeKubelet:
 
     def plugin_channel(self, endpoint: str) -> grpc.Channel:
         """A channel to a registered plugin, dialled the way the kubelet does it."""
-        return grpc.insecure_channel(f"unix://{self.plugin_dir / endpoint}")
+        return grpc.insecure_channel(f"unix:{(self.plugin_dir / endpoint).absolute()}")

@@ -60,7 +60,7 @@ class Endpoint:
         *,
         service: service.DevicePluginService,
         plugin_dir: Path,
-        poll_interval_s: float = 0.5,
+        poll_interval_s: float,
         register_timeout_s: float = 5.0,
         on_fatal: Callable[[RegistrationError], None] | None = None,
         on_registered: Callable[[str], None] | None = None,
@@ -116,8 +116,11 @@ class Endpoint:
 
     def _serve(self) -> None:
         self._shutdown_server()
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self.socket_path.unlink(missing_ok=True)  # a stale socket from a previous run
+        try:
+            self.plugin_dir.mkdir(parents=True, exist_ok=True)
+            self.socket_path.unlink(missing_ok=True)  # a stale socket from a previous run
+        except OSError as exc:  # e.g. a directory where our socket goes
+            raise RegistrationError(f"cannot listen on {self.socket_path}: {exc}") from exc
         server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=UNARY_WORKERS + self.service.slots.limit,
@@ -125,12 +128,11 @@ class Endpoint:
             )
         )
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        try:
-            bound = server.add_insecure_port(f"unix://{self.socket_path}")
+        # "unix:<absolute path>": grpc refuses "unix://" addresses of 106 and 107 bytes.
+        try:  # grpc raises (never returns 0) when it cannot bind
+            server.add_insecure_port(f"unix:{self.socket_path}")
         except RuntimeError as exc:
             raise RegistrationError(f"cannot listen on {self.socket_path}: {exc}") from exc
-        if not bound:
-            raise RegistrationError(f"cannot listen on {self.socket_path}")
         server.start()
         self._server = server
         self._served = _file_id(self.socket_path)
@@ -160,7 +162,7 @@ class Endpoint:
                 pre_start_required=False, get_preferred_allocation_available=True
             ),
         )
-        with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+        with grpc.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
             pb_grpc.RegistrationStub(channel).Register(request, timeout=self._timeout)
 
     def _watch(self) -> None:

@@ -40,7 +40,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         cdi_kind: str,
         spec: cdi.StaticSpec | None,
         fake_node: str | None,
-        stream_poll_s: float = 1.0,
+        stream_poll_s: float,
         slots: grpcstreams.StreamSlots | None = None,
         mps: mps_replicas.MpsReplicas | None = None,
     ) -> None:

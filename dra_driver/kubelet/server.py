@@ -72,7 +72,8 @@ class UnixServer:
         )
         for add in self.services:
             add(server)
-        server.add_insecure_port(f"unix://{self.path}")
+        # "unix:<absolute path>": grpc refuses "unix://" addresses of 106 and 107 bytes.
+        server.add_insecure_port(f"unix:{self.path}")
         server.start()
         self._server = server
         self.log.info("serving")

@@ -101,7 +101,7 @@ class KubeletSim:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{sock} did not appear within {timeout_s}s")
             time.sleep(0.02)
-        channel = grpc.insecure_channel(f"unix://{sock}")
+        channel = grpc.insecure_channel(f"unix:{sock}")
         grpc.channel_ready_future(channel).result(timeout=max(1.0, deadline - time.monotonic()))
         self._channels.append(channel)
         return channel
@@ -258,7 +258,7 @@ class PluginProcess:
 
     def _answers(self) -> bool:
         """The sockets may be stale ones of a killed predecessor: ready = GetInfo answers."""
-        with grpc.insecure_channel(f"unix://{self.registration_socket}") as channel:
+        with grpc.insecure_channel(f"unix:{self.registration_socket}") as channel:
             try:
                 registration_pb2_grpc.RegistrationStub(channel).GetInfo(
                     registration_pb2.InfoRequest(), timeout=1

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import structlog
 
 from dra_driver.deviceplugin import app
 from dra_driver.devices import fake, health, model
@@ -22,6 +24,36 @@ from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from .testkubelet import FakeKubelet
 
 FAST = {"poll_interval_s": 0.1, "stream_poll_s": 0.2}
+Events = list[MutableMapping[str, Any]]
+
+
+@pytest.fixture
+def logged() -> Iterator[Events]:
+    """Every structlog event while the test runs, at every level, with ``log_level``. Create
+    the plugin objects inside the test: they bind their loggers when built. The events still
+    reach the other processors (the catalogue check of tests/conftest.py included)."""
+    events: Events = []
+
+    def record(
+        _logger: object, method: str, event_dict: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        events.append({**event_dict, "log_level": method})
+        return event_dict
+
+    wrapper = structlog.get_config()["wrapper_class"]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    processors = structlog.get_config()["processors"]  # the live list every logger reads
+    processors.insert(0, record)
+    try:
+        yield events
+    finally:
+        if record in processors:
+            processors.remove(record)
+        structlog.configure(wrapper_class=wrapper)
+
+
+def events_named(events: Events, name: str) -> Events:
+    return [e for e in list(events) if e.get("event") == name]
 
 
 @pytest.fixture

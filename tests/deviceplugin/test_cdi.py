@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -167,3 +168,84 @@ def test_unwritable_cdi_root_is_a_clear_error(tmp_path: Path) -> None:
     )
     with pytest.raises(cdi.CdiError, match=r"cannot write CDI spec .*not-a-dir/cdi"):
         spec.ensure()
+
+
+# The spec's exact content (the schema checks above need ../shared; these do not).
+
+
+def test_spec_content_for_whole_gpus() -> None:
+    us = units("pcie-l4")
+    spec = cdi.build_spec(us, kind=cdi.DEFAULT_KIND, fake_node=None)
+    assert list(spec) == ["cdiVersion", "kind", "devices", "containerEdits"]
+    assert spec == {
+        "cdiVersion": "0.3.0",
+        "kind": cdi.DEFAULT_KIND,
+        "devices": [
+            {
+                "name": u.uuid,
+                "containerEdits": {
+                    "env": [f"GPU_DEVICE_{u.minor}={u.uuid}"],
+                    "deviceNodes": [{"path": f"/dev/nvidia{u.minor}"}],
+                },
+            }
+            for u in sorted(us, key=lambda u: u.uuid)
+        ],
+        "containerEdits": {"deviceNodes": [{"path": p} for p in cdi.CONTROL_NODES]},
+    }
+
+
+def test_spec_content_with_a_fake_node_and_mig_devices(tmp_path: Path) -> None:
+    us = units("a100-mig", inventory.MigStrategy.MIXED, A100_MIG_MINORS)
+    static = cdi.StaticSpec(
+        root=tmp_path / "run" / "cdi", kind=cdi.DEFAULT_KIND, units=us, fake_node="/dev/null"
+    )
+    assert static.ensure() is True  # parents created
+    spec = json.loads(static.path.read_text())
+    assert spec == static.spec and spec["cdiVersion"] == "0.5.0"
+    assert spec["containerEdits"] == {
+        "deviceNodes": [{"path": p, "hostPath": "/dev/null"} for p in cdi.CONTROL_NODES]
+    }
+    mig = next(u for u in us if u.mig is not None and u.mig.placement_start == 4)
+    [entry] = [d for d in spec["devices"] if d["name"] == mig.uuid]
+    assert entry == {
+        "name": mig.uuid,
+        "containerEdits": {
+            "env": [f"GPU_DEVICE_0_MIG_4={mig.uuid}"],
+            "deviceNodes": [
+                {"path": p, "hostPath": "/dev/null"}
+                for p in (
+                    "/dev/nvidia0",
+                    "/dev/nvidia-caps/nvidia-cap39",
+                    "/dev/nvidia-caps/nvidia-cap40",
+                )
+            ],
+        },
+    }
+
+
+def test_a_spec_the_cdi_rules_refuse_is_not_built() -> None:
+    first, second = units("pcie-l4")[:2]
+    bad = [dataclasses.replace(first, uuid="GPU 0!"), dataclasses.replace(second, uuid="GPU 1!")]
+    with pytest.raises(cdi.CdiError) as err:
+        cdi.build_spec(bad, kind=cdi.DEFAULT_KIND, fake_node=None)
+    assert str(err.value) == (
+        f"static CDI spec {cdi.DEFAULT_KIND} would be invalid: "
+        "devices[0].name 'GPU 0!' is not a valid CDI device name; "
+        "devices[1].name 'GPU 1!' is not a valid CDI device name"
+    )
+
+
+def test_bad_kind_error_is_exact() -> None:
+    with pytest.raises(cdi.CdiError) as err:
+        cdi.check_kind("nvidia.com")
+    assert str(err.value) == (
+        "CDI kind 'nvidia.com' is not <vendor>/<class> (vendor like example.com, class of "
+        "letters, digits, '_' and '-', e.g. k8s.device-plugin.nvidia.com/gpu)"
+    )
+
+
+def test_a_node_without_usable_devices_writes_nothing(tmp_path: Path) -> None:
+    spec = cdi.StaticSpec(root=tmp_path, kind=cdi.DEFAULT_KIND, units=[], fake_node=None)
+    assert spec.spec is None
+    assert spec.ensure() is False
+    assert list(tmp_path.iterdir()) == []

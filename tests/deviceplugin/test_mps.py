@@ -128,3 +128,29 @@ def test_time_slicing_replicas_get_no_mps(
     assert dict(resp.envs) == {"NVIDIA_VISIBLE_DEVICES": u[0]}
     assert list(resp.mounts) == []
     assert not (mps_dir / "daemons").exists()
+
+
+def test_supervision_restarts_a_dead_daemon_by_itself(
+    start_plugin: StartPlugin, kubelet: FakeKubelet, mps_dir: Path
+) -> None:
+    running = start_plugin(
+        "pcie-l4",
+        replicas=2,
+        sharing=app.SharingStrategy.MPS,
+        mps_dir=mps_dir,
+        fake_node="/dev/null",
+        mps_check_interval_s=0.1,
+    )
+    try:
+        kubelet.wait_requests(1)
+        dead = _records(mps_dir)["gpu-1"]["pid"]
+        assert isinstance(dead, int)
+        os.kill(dead, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _records(mps_dir).get("gpu-1", {}).get("pid") in (dead, None):
+            assert time.monotonic() < deadline, "the dead daemon was not restarted"
+            time.sleep(0.05)
+        assert _records(mps_dir)["gpu-1"]["state"] == "Running"
+    finally:
+        running.app.stop()  # supervision ends first, or it restarts what is killed below
+        _kill_all(mps_dir)

@@ -92,3 +92,34 @@ def test_size_errors_are_request_errors() -> None:
         preferred.choose(res, topo, available=ids, must_include=[], size=0)
     with pytest.raises(inventory.RequestError, match="larger than the 4 available"):
         preferred.choose(res, topo, available=ids, must_include=[], size=5)
+
+
+def test_the_answer_is_in_the_resources_list_order_not_sorted_by_id() -> None:
+    _, res, topo = setup("pcie-l4")
+    ids = [d.id for d in res.devices]
+    assert ids != sorted(ids)  # the fake UUIDs are not in index order
+    assert preferred.choose(res, topo, available=ids[::-1], must_include=[], size=4) == ids
+
+
+def _replica_counts(res: inventory.Resource, ids: list[str]) -> dict[int, int]:
+    gpus = gpus_of(res, ids)
+    return {g: gpus.count(g) for g in sorted(set(gpus))}
+
+
+def test_replicas_on_two_gpus_are_filled_evenly() -> None:
+    _, res, topo = setup("pcie-l4", replicas=4)
+    two = [d.id for d in res.devices if d.unit.gpu_index in (0, 1)]
+    got = preferred.choose(res, topo, available=two, must_include=[], size=4)
+    assert _replica_counts(res, got) == {0: 2, 1: 2}
+
+
+def test_must_include_replicas_count_as_taken_when_filling() -> None:
+    _, res, topo = setup("pcie-l4", replicas=4)
+    two = [d.id for d in res.devices if d.unit.gpu_index in (0, 1)]
+    g0 = [d.id for d in res.devices if d.unit.gpu_index == 0]
+    # One replica of GPU 0 is given: GPU 1 gets the next, then GPU 0 again (1:1 tie, first).
+    got = preferred.choose(res, topo, available=two, must_include=g0[:1], size=3)
+    assert _replica_counts(res, got) == {0: 2, 1: 1}
+    # Two of GPU 0 are given: both others go to GPU 1.
+    got = preferred.choose(res, topo, available=two, must_include=g0[:2], size=4)
+    assert _replica_counts(res, got) == {0: 2, 1: 2}

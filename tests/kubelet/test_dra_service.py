@@ -3,6 +3,7 @@ bad input (malformed bytes, odd claims, garbage configs) that must never stop th
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -217,3 +218,20 @@ def test_stop_removes_sockets_and_refuses_foreign_files(running: Running, short_
     too_long = server.UnixServer(path=short_dir / ("x" * 120), services=[], log=logs.get("t"))
     with pytest.raises(server.SocketError, match="longer than 107 bytes"):
         too_long.start()
+
+
+@pytest.mark.parametrize("length", [105, 106, 107])
+def test_a_socket_path_up_to_the_limit_is_served(short_dir: Path, length: int) -> None:
+    """grpc refuses ``unix://`` addresses of 106 and 107 bytes; the ``unix:`` form binds them."""
+    name = "s" * (length - len(os.fsencode(short_dir.absolute())) - 1)
+    path = short_dir.absolute() / name
+    assert len(os.fsencode(path)) == length
+    unix = server.UnixServer(path=path, services=[], log=logs.get("t"))
+    unix.start()
+    try:
+        assert path.is_socket()
+        with grpc.insecure_channel(f"unix:{path}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=5)
+    finally:
+        unix.stop(grace_s=0)
+    assert not path.exists()
