@@ -16,6 +16,19 @@ from dra_driver.apimachinery import fielderrors, quantity
 from dra_driver.apimachinery.fielderrors import FieldError
 
 MAX_VALID_VALUES = 10
+_BINARY = ((60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki"))
+_DECIMAL = (
+    (18, "E"),
+    (15, "P"),
+    (12, "T"),
+    (9, "G"),
+    (6, "M"),
+    (3, "k"),
+    (0, ""),
+    (-3, "m"),
+    (-6, "u"),
+    (-9, "n"),
+)
 
 
 def errors(path: str, value: Any, policy: Mapping[str, Any], dev: str | None) -> list[FieldError]:
@@ -53,26 +66,23 @@ def errors(path: str, value: Any, policy: Mapping[str, Any], dev: str | None) ->
 
 
 def shown(value: quantity.Quantity) -> str:
-    """A quantity as the API server prints it (``1000Gi``, ``5``, ``2k``) in messages."""
-    if not value.is_integer() or value.sign() <= 0:
-        return str(value)
-    whole = value.as_integer()
-    if value.format is quantity.Format.BINARY_SI:
-        for shift, suffix in (
-            (60, "Ei"),
-            (50, "Pi"),
-            (40, "Ti"),
-            (30, "Gi"),
-            (20, "Mi"),
-            (10, "Ki"),
-        ):
+    """A quantity as the API server prints it in messages (Go's canonical form): ``1000Gi``,
+    ``5``, ``2k``, ``500m``, ``-2Gi``; binary suffixes only for whole values of at least 1Ki,
+    else the largest decimal suffix that leaves a whole number."""
+    if value.sign() == 0:
+        return "0"
+    sign = "-" if value.sign() < 0 else ""
+    nanos = abs(value.nanos)
+    whole, rest = divmod(nanos, quantity.NANO_PER_UNIT)
+    if value.format is quantity.Format.BINARY_SI and not rest and whole >= 1024:
+        for shift, suffix in _BINARY:
             if whole % (1 << shift) == 0:
-                return f"{whole >> shift}{suffix}"
-        return str(whole)
-    for exponent, suffix in ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
-        if whole % 10**exponent == 0:
-            return f"{whole // 10**exponent}{suffix}"
-    return str(whole)
+                return f"{sign}{whole >> shift}{suffix}"
+    # the largest suffix leaving a whole number (nano, the last, always does)
+    exponent, suffix = next((e, s) for e, s in _DECIMAL if nanos % 10 ** (e + 9) == 0)
+    if value.format is quantity.Format.DECIMAL_EXPONENT:
+        suffix = f"e{exponent}" if exponent else ""
+    return f"{sign}{nanos // 10 ** (exponent + 9)}{suffix}"
 
 
 def _q(text: Any) -> quantity.Quantity | None:

@@ -185,3 +185,40 @@ def test_check_references_catches_a_missing_set_and_an_oversized_consumption() -
         "device gpu-0: consumes more compute-slices than gpu-0-mig has",
         "device gpu-0-mig-7g-80gb-0: consumes more compute-slices than gpu-0-mig has",
     ]
+
+
+def test_check_references_names_a_missing_counter_and_a_set_defined_twice() -> None:
+    built = build.build(
+        fake.FakeBackend.from_name("h100-mig").discover(), node_name="n1", dynamic_mig=ALL
+    )
+    [gpu0] = [c for c in _sets(built.slices) if c["name"] == "gpu-0-mig"]
+    del gpu0["counters"]["memory-slice-0"]
+    problems = migslices.check_references(built.slices, _parse)
+    users = [
+        d["name"]
+        for d in _devices(built.slices)
+        for use in d.get("consumesCounters") or ()
+        if use["counterSet"] == "gpu-0-mig" and "memory-slice-0" in use["counters"]
+    ]
+    assert users and problems == [
+        f"device {name}: counter set gpu-0-mig has no memory-slice-0" for name in users
+    ]
+    twice = [s for s in built.slices if s["spec"].get("sharedCounters")]
+    assert migslices.check_references(twice + twice, _parse) == [
+        f"counter set {twice[0]['spec']['sharedCounters'][0]['name']} is defined twice in the pool"
+    ]
+    assert migslices.check_references([{"spec": {}}, {}], _parse) == []
+
+
+def test_a_dynamic_gpu_in_mig_mode_is_a_full_gpu_for_the_per_gpu_counters() -> None:
+    devices = fake.FakeBackend.from_name("h100-mig").discover()
+    assert devices.gpus[1].mig_enabled and not devices.gpus[1].mig_devices
+    built = build.build(devices, node_name="n1", dynamic_mig=ALL)
+    [gpus] = [c for c in _sets(built.slices) if c["name"] == "gpus"]
+    assert gpus == {
+        "name": "gpus",
+        "counters": {"gpu-0": {"value": "80Gi"}, "gpu-1": {"value": "80Gi"}},
+    }
+    full = {d["name"]: d for d in _devices(built.slices) if "-mig-" not in d["name"]}
+    assert [c["counterSet"] for c in full["gpu-1"]["consumesCounters"]] == ["gpus", "gpu-1-mig"]
+    assert full["gpu-1"]["consumesCounters"][0]["counters"] == {"gpu-1": {"value": "80Gi"}}
