@@ -13,6 +13,22 @@ from dra_driver.slices import build
 Obj = dict[str, Any]
 
 
+def slice_with(devices: list[Obj], **spec: Any) -> Obj:
+    """A one-slice pool on node n1 with ``devices`` (and any spec fields), for validation tests."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "n1-gpu.nvidia.com-0"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+            **spec,
+        },
+    }
+
+
 def devices_of(name: str) -> model.NodeDevices:
     return fake.FakeBackend.from_name(name).discover()
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import Obj
-from .test_validate_messages import G0, dev, lines, slice_with
+from .conftest import Obj, slice_with
+from .test_validate_messages import G0, dev, lines
 
 RP = "spec.devices[0].capacity[m].requestPolicy"
 

@@ -12,27 +12,12 @@ import pytest
 from dra_driver.apimachinery import fielderrors
 from dra_driver.slices import validate
 
-from .conftest import Obj
+from .conftest import Obj, slice_with
 
 C_ID_MSG = "a valid C identifier must start with alphabetic character or '_'"
 SUBDOMAIN_MSG = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric"
 LABEL_MSG = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters"
 NAME_PART_MSG = "name part must consist of alphanumeric characters, '-', '_' or '.'"
-
-
-def slice_with(devices: list[Obj], **spec: Any) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": "n1-gpu.nvidia.com-0"},
-        "spec": {
-            "driver": "gpu.nvidia.com",
-            "nodeName": "n1",
-            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-            **spec,
-        },
-    }
 
 
 def errors_of(obj: Obj) -> list[tuple[str, str, str]]:

@@ -14,7 +14,7 @@ import pytest
 from dra_driver.apimachinery import names
 from dra_driver.slices import devicerules, validate
 
-from .conftest import Obj
+from .conftest import Obj, slice_with
 
 LABEL = names.dns_label("X")[0]
 SUBDOMAIN = names.dns_subdomain("X")[0]
@@ -29,21 +29,6 @@ NODE_SELECTION = (
     "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"
 )
 G0 = "(device 'gpu-0')"
-
-
-def slice_with(devices: list[Obj], **spec: Any) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": "n1-gpu.nvidia.com-0"},
-        "spec": {
-            "driver": "gpu.nvidia.com",
-            "nodeName": "n1",
-            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-            **spec,
-        },
-    }
 
 
 def dev(name: str = "gpu-0", **fields: Any) -> Obj:
