@@ -5,30 +5,15 @@ and are not checked."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import structlog
+from scriptload import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "log_events.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("log_events", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["log_events"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-log_events = _load()
+log_events = load_script("log_events")
 CATALOGUE = log_events.Catalogue(log_events.parse(log_events.PAGE.read_text()))
 _active: list[object] = []  # the checks in force, innermost last
 

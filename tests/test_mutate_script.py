@@ -4,7 +4,6 @@ counted would misreport the score."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,18 +11,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from scriptload import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "mutate.py"
 
 
 @pytest.fixture(scope="module")
 def mutate() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mutate_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mutate_script"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("mutate")
 
 
 def test_the_wilson_interval_matches_hand_computed_values(mutate: ModuleType) -> None:
