@@ -106,7 +106,9 @@ def test_socket_is_named_after_the_resource_and_registered_with_a_deadline(
     [req] = kubelet.wait_requests(1)
     assert req.endpoint == SOCKET
     [left] = kubelet.deadlines
-    assert left is not None and 2.0 < left <= 5.0, left
+    # gRPC sends the timeout rounded up and the server turns its monotonic deadline into wall-clock
+    # time, so what it reports may exceed 5 s by a few ms (CI saw 5.009 s); 6 s would be a bug.
+    assert left is not None and 2.0 < left <= 5.25, left
 
 
 def test_registrations_are_counted_once_per_kubelet_socket(
