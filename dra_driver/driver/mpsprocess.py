@@ -83,9 +83,11 @@ class Processes:
         return start_time is None or stat[1] == start_time
 
     def reap(self) -> None:
+        # Called from request threads and the supervisor at once: both may see the same child
+        # exited, so the second one must not fail removing what the first removed.
         for pid, child in list(self._children.items()):
             if child.poll() is not None:
-                del self._children[pid]
+                self._children.pop(pid, None)
 
     def find(self, pipe: Path) -> int | None:
         """A live process marked as the daemon of ``pipe`` (one whose pid was never recorded)."""

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,35 @@ def test_pid_and_start_time_come_from_proc(tmp_path: Path) -> None:
     gone.wait(20)
     assert mpsprocess.start_time(gone.pid) is None and mpsprocess._stat(gone.pid) is None
     assert not procs.alive(gone.pid, None)
+
+
+def test_two_threads_reaping_the_same_exited_child_both_succeed() -> None:
+    """Found by the SIGKILL-with-shares crash test: an unprepare and the supervisor reaped at
+    once and one failed with ``KeyError: <pid>``. Here both threads are inside ``poll`` of the
+    same exited child before either removes it."""
+    both_polling = threading.Barrier(2, timeout=10)
+
+    class Exited:
+        def poll(self) -> int:
+            both_polling.wait()
+            return 0
+
+    procs = mpsprocess.Processes(command=())
+    procs._children[4242] = Exited()  # type: ignore[assignment]
+    failures: list[BaseException] = []
+
+    def reap() -> None:
+        try:
+            procs.reap()
+        except BaseException as exc:  # the failure is the finding
+            failures.append(exc)
+
+    threads = [threading.Thread(target=reap) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert failures == [] and procs._children == {}
 
 
 class Clock:
