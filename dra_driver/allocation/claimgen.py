@@ -1,18 +1,19 @@
 """The ResourceClaims ``dra-driver claim`` writes: N GPUs, best NVLink placement the node has.
 
 Why it exists: kube-scheduler takes the first devices that fit, so *how a claim is written*
-decides what it gets. With the GPU-set devices our slices publish (docs/topology.md) the claim
-that gets the best free N GPUs on any node is a ``firstAvailable`` ladder:
+decides what it gets. Our slices mark every GPU with its rank among the best free sets of N GPUs
+(``setRank<N>``, docs/topology.md), so the claim that gets the best free N GPUs on any node is a
+``firstAvailable`` ladder over plain GPUs (class ``gpu.nvidia.com``):
 
-1. one device of class ``gpu-set.nvidia.com`` with ``gpuCount == N``: sets are published best
-   first, so the first free one is the best free N GPUs the node has;
-2. else ``count: N`` whole GPUs (class ``gpu.nvidia.com``): reached when no published set is
-   free, e.g. when exactly N GPUs are free (then it takes all of them, the only choice) or on
-   a node that publishes no sets.
+1. ``count: N`` GPUs of rank 1 for N: the best free set the node has;
+2. else of rank 2, 3, ...: the best set once the better ones are taken (a burst of claims on
+   one node gets what one-by-one allocation would give, before the agent re-ranks);
+3. else ``count: N`` whole GPUs: reached when no ranked set is free, e.g. on a node that
+   publishes no ranks (other drivers, ``--gpu-sets=false``) or while ranks are out of date.
 
-The same claim works on every node of a mixed cluster; it uses only the shipped classes.
-``--nvlink island`` writes N GPUs sharing an NVLink island (``matchAttribute``), ``any`` plain
-``count: N``.
+The same claim works on every node of a mixed cluster; it uses only the shipped classes and
+GPU devices, so whatever it gets, no GPU can go to two claims. ``--nvlink island`` writes N GPUs
+sharing an NVLink island (``matchAttribute``), ``any`` plain ``count: N``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 GPU_CLASS = "gpu.nvidia.com"
-SET_CLASS = "gpu-set.nvidia.com"
+RANK_PREFIX = "setRank"  # slices.gpusets.RANK_PREFIX (this module stays below the slices)
+MAX_RANKS = 7  # firstAvailable holds 8 alternatives: the ranks and "any"
+NODE_GPUS = 8  # ranks asked for: those an 8-GPU node can have (8 // N)
 MODES = ("best", "island", "any")
 REQUEST = "gpus"
 
@@ -50,26 +53,33 @@ def spec(
                 "constraints": [{"matchAttribute": f"{driver_name}/nvlinkIsland"}],
             }
         }
-    expression = f'device.attributes["{driver_name}"].gpuCount == {gpus}'
+    attribute = f"{RANK_PREFIX}{gpus}"
+    ranked = [
+        {
+            "name": f"rank{rank}",
+            **plain,
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": f'device.attributes["{driver_name}"]'
+                        f".?{attribute}.orValue(0) == {rank}"
+                    }
+                }
+            ],
+        }
+        for rank in range(1, rank_count(gpus) + 1)
+    ]
     return {
         "devices": {
-            "requests": [
-                {
-                    "name": REQUEST,
-                    "firstAvailable": [
-                        {
-                            "name": "nvlinked",
-                            "deviceClassName": SET_CLASS,
-                            "allocationMode": "ExactCount",
-                            "count": 1,
-                            "selectors": [{"cel": {"expression": expression}}],
-                        },
-                        {"name": "any", **plain},
-                    ],
-                }
-            ]
+            "requests": [{"name": REQUEST, "firstAvailable": [*ranked, {"name": "any", **plain}]}]
         }
     }
+
+
+def rank_count(gpus: int) -> int:
+    """How many ranks the claim for ``gpus`` GPUs asks for before "any": as many disjoint sets
+    of that size as an 8-GPU node holds (1 from 5 GPUs up), at most :data:`MAX_RANKS`."""
+    return max(1, min(MAX_RANKS, NODE_GPUS // gpus))
 
 
 def claim(

@@ -19,7 +19,7 @@ import yaml
 
 from dra_driver import deviceclasses
 from dra_driver.allocation import allocator, capacity, claim, claimgen, physical, pools
-from dra_driver.devices import migprofiles, model
+from dra_driver.devices import gpusets, migprofiles, model
 from dra_driver.slices import build as slices_build
 from dra_driver.slices import shares
 
@@ -121,8 +121,10 @@ def fake_slices(
     driver_name: str,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     shareable: shares.Shareable = shares.NONE,
+    allocated: Iterable[pools.DeviceId] = (),
 ) -> list[dict[str, Any]]:
-    """The ResourceSlices the driver would publish for these devices."""
+    """The ResourceSlices the driver would publish for these devices once it has prepared the
+    ``allocated`` devices of its pool (the set ranks are of the GPUs left free)."""
     try:
         built = slices_build.build(
             devices,
@@ -130,10 +132,36 @@ def fake_slices(
             driver_name=driver_name,
             dynamic_mig=dynamic_mig,
             shareable=shareable,
+            taken=held_gpus(devices, allocated, node_name=node_name, driver_name=driver_name),
         )
     except slices_build.BuildError as err:
         raise SimulateError(str(err)) from err
     return built.slices
+
+
+def held_gpus(
+    devices: model.NodeDevices,
+    allocated: Iterable[pools.DeviceId],
+    *,
+    node_name: str,
+    driver_name: str,
+) -> set[str]:
+    """Names of the full GPUs that allocated devices of this node's pool use: a GPU itself, a
+    GPU set of earlier versions (``gpus-0-1``: its members), a MIG device or share of a GPU."""
+    by_minor = {g.minor: g.name for g in devices.gpus}
+    names = set(by_minor.values())
+    held: set[str] = set()
+    for driver, pool, device in allocated:
+        if driver != driver_name or pool != node_name:
+            continue
+        minors = gpusets.parse_name(device)
+        if minors is not None:
+            held |= {by_minor[m] for m in minors if m in by_minor}
+        elif device in names:
+            held.add(device)
+        else:
+            held |= {n for n in names if device.startswith(f"{n}-")}
+    return held
 
 
 def slice_node(slices: Sequence[Mapping[str, Any]]) -> str | None:

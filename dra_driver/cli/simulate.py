@@ -8,7 +8,9 @@ GPUs, the gap to it, and for a claim that is not topology-optimal the claim ``dr
 claim`` writes instead. Bad input is one error line, exit 2.
 
 Devices come from ``--slices`` (exported ResourceSlices), a fake profile (``--fake``,
-``--fake-file``), ResourceSlices inside the claim file, or else this node's real GPUs.
+``--fake-file``), ResourceSlices inside the claim file, or else this node's real GPUs. Slices
+built from a profile are those the node agent publishes once it has prepared the ``--allocated``
+claims: their GPUs carry no set ranks (exported slices show whatever ranks were published).
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
             driver_name=args.driver_name,
             dynamic_mig=dynamic,
             shareable=shareable,
+            allocated=allocated,
         )
     elif node_name is None:
         node_name = simulator.slice_node(slices)

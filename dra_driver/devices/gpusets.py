@@ -1,28 +1,25 @@
-"""Which multi-GPU sets a node publishes so that kube-scheduler's first fit is the best fit.
+"""The best free sets of N GPUs, ranked: what the node agent marks so that kube-scheduler's
+first fit is the best fit.
 
 Why it exists: kube-scheduler takes the first free devices that satisfy a claim, in slice order;
-it never scores. A claim asking for *one* device standing for N GPUs therefore gets the first
-free such device we publish. If those "GPU set" devices are published best first, and for every
-way the node can be occupied some optimal free N-set is among them, the scheduler's first fit
-is an optimal N-set. This module decides which sets those are.
+it never scores. The agent knows which of its GPUs are free (not held by a claim it prepared,
+not unhealthy) and can tell the scheduler which N of them are best, by marking them: every GPU
+gets, per set size N, its *rank* — 1 for the members of the best free N-set, 2 for the best
+N-set once rank 1 is taken, and so on (0: in none). A claim asking first for "N GPUs of rank 1",
+then "of rank 2", ..., then "any N" gets the best free set, and a burst of claims for N GPUs on
+one node gets the sets a one-by-one allocation would give, before the agent has seen any of them
+(docs/topology.md). The ranks are attributes of the GPU devices themselves: nothing else is
+published, so the scheduler's cost stays that of one device per GPU, and a GPU is only ever
+allocated as itself (two claims can never share one, whatever the ranks say).
 
 Ranking: a set's score is (NVLink links between its members, pairs on one NUMA node, pairs under
 one PCIe root), compared in that order; equal scores go to the set with the lowest minors
-(lexicographically). Call the best-ranked N-subset of the free GPUs F the optimum of F.
+(lexicographically). The best-ranked N-subset of the free GPUs F is the optimum of F. Every
+subset's rank key is computed once per topology by dynamic programming over bit masks; the
+optimum of F for every N is then one pass over F's subsets.
 
-Which sets suffice: a set G is the optimum of some F larger than G exactly when it is the
-optimum of G plus one more GPU (any optimum of F is also the optimum of every smaller F' between
-it and F). So the sets needed are the optima of all free sets with more than N GPUs; a free set
-of exactly N GPUs needs nothing (a plain ``count: N`` fallback takes all of them). We compute the
-optimum of every free set by dynamic programming over bit masks (the optimum of F is the best of
-the optima of F minus one GPU), which also gives each set a weight: the probability that it is
-the optimum when a uniformly random number of GPUs (0 to G-N) is taken, uniformly at random.
-
-Budget: on 8-GPU machines all needed sets number ~100 (DGX-1 97, DGX H100 83); on an irregular
-16-GPU mesh they number ~28 000, far too many devices to publish. Up to :data:`MAX_SETS` sets
-are published; beyond that the heaviest sets are kept, so the common occupancies stay optimal
-and the rest fall back to the best published set that is free. Nodes with more than
-:data:`MAX_GPUS` full GPUs publish no sets.
+Until wave 3 the node published a device per useful set (``gpus-0-1-4-5``, type ``gpu-set``);
+allocations of such devices made by earlier versions are still prepared (:func:`parse_name`).
 """
 
 from __future__ import annotations
@@ -30,24 +27,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import math
-from collections.abc import Sequence
+from array import array
+from collections.abc import Collection, Sequence
 
 from dra_driver.devices import model, topology
 
-MAX_GPUS = 16  # 2**16 free sets per size: the dynamic program stays at a few seconds
-MAX_SETS = 1024  # set devices per node (16 slices of 64 devices)
+MAX_GPUS = 16  # 2**16 subsets: the rank-key table stays small and quick to build
+MAX_RANKS = 7  # ranked sets per size (a claim's firstAvailable holds 8 alternatives)
 
 Score = tuple[int, int, int]  # (NVLink links, same-NUMA pairs, same-PCIe-root pairs)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuSet:
-    """N GPUs published as one device; ``gpus`` sorted by minor."""
+    """N GPUs, ``gpus`` sorted by minor, with their score."""
 
     gpus: tuple[model.Gpu, ...]
     score: Score
-    weight: float  # probability of being the optimum of a random occupancy (see module doc)
 
     @property
     def size(self) -> int:
@@ -59,7 +55,7 @@ class GpuSet:
 
 
 def device_name(minors: Sequence[int]) -> str:
-    """``gpus-0-1-4-5``: a set device's name, made of its members' minors (sorted)."""
+    """``gpus-0-1-4-5``: the name a set device of earlier versions had (minors sorted)."""
     return "gpus-" + "-".join(str(m) for m in sorted(minors))
 
 
@@ -81,36 +77,37 @@ def eligible(devices: model.NodeDevices) -> list[model.Gpu]:
     return sorted((g for g in devices.gpus if not g.mig_enabled), key=lambda g: (g.minor, g.index))
 
 
-def choose(devices: model.NodeDevices, *, budget: int = MAX_SETS) -> list[GpuSet]:
-    """The sets to publish, by size, each size best first."""
+def ranked(
+    devices: model.NodeDevices, *, taken: Collection[str] = (), max_ranks: int = MAX_RANKS
+) -> dict[int, tuple[GpuSet, ...]]:
+    """Per size N (2 up to the number of eligible GPUs minus one), the ranked N-sets of the
+    free GPUs: the optimum of the free GPUs, then the optimum of what is left, and so on while
+    N GPUs are left (at most ``max_ranks``). ``taken``: names of GPUs that are not free.
+
+    Nodes with fewer than 3 or more than :data:`MAX_GPUS` eligible GPUs get no ranks.
+    """
     gpus = eligible(devices)
-    if not 3 <= len(gpus) <= MAX_GPUS or budget <= 0:
-        return []
-    topo = topology.build(devices)
     n = len(gpus)
+    if not 3 <= n <= MAX_GPUS:
+        return {}
+    topo = topology.build(devices)
     pairs = tuple(
         tuple(_pair(topo, a.index, b.index) if a is not b else (0, 0, 0) for b in gpus)
         for a in gpus
     )
-    found = _needed(pairs)
-    if sum(len(v) for v in found.values()) > budget:
-        ranked = sorted(
-            ((w, size, key) for size, sets in found.items() for key, w in sets.items()),
-            key=lambda t: (-t[0], t[1], -t[2]),
-        )
-        kept: dict[int, dict[int, float]] = {}
-        for w, size, key in ranked[:budget]:
-            kept.setdefault(size, {})[key] = w
-        found = kept
-    out: list[GpuSet] = []
-    base = n * (n - 1) // 2 + 1
-    for size in sorted(found):
-        for key in sorted(found[size], reverse=True):
-            mask = _unrev(key & ((1 << n) - 1), n)
+    keys = _keys(pairs)
+    free = sum(1 << i for i, g in enumerate(gpus) if g.name not in taken)
+    best_of = functools.lru_cache(maxsize=None)(lambda left: _best_by_size(keys, left))
+    out: dict[int, tuple[GpuSet, ...]] = {}
+    for size in range(2, n):
+        chain: list[GpuSet] = []
+        left = free
+        while len(chain) < max_ranks and left.bit_count() >= size:
+            mask = best_of(left)[size]
             members = tuple(gpus[i] for i in range(n) if mask >> i & 1)
-            packed = key >> n
-            score = (packed // (base * base), (packed // base) % base, packed % base)
-            out.append(GpuSet(members, score, found[size][key]))
+            chain.append(GpuSet(members, set_score(topo, [g.index for g in members])))
+            left &= ~mask
+        out[size] = tuple(chain)
     return out
 
 
@@ -124,25 +121,18 @@ def _pair(topo: topology.Topology, a: int, b: int) -> Score:
     )
 
 
-def _unrev(rev: int, n: int) -> int:
-    return sum(1 << (n - 1 - i) for i in range(n) if rev >> i & 1)
-
-
 @functools.lru_cache(maxsize=16)
-def _needed(pairs: tuple[tuple[Score, ...], ...]) -> dict[int, dict[int, float]]:
-    """Size -> {set key: weight} for every set that is the optimum of a larger free set.
-
-    A set's key orders sets by rank: ``packed score << n | reversed mask`` (the reversed mask
-    is larger for the set holding the lower minors), so a larger key is a better set.
-    """
+def _keys(pairs: tuple[tuple[Score, ...], ...]) -> array[int]:
+    """Every subset's rank key, indexed by bit mask: ``packed score << n | reversed mask`` (the
+    reversed mask is larger for the subset holding the lower minors), so among subsets of one
+    size a larger key is a better set."""
     n = len(pairs)
     base = n * (n - 1) // 2 + 1
     w = [[(p[0] * base + p[1]) * base + p[2] for p in row] for row in pairs]
     full = 1 << n
     score = [0] * full
+    keys = array("Q", bytes(8 * full))
     rev = [0] * full
-    levels: list[list[int]] = [[] for _ in range(n + 1)]
-    levels[0].append(0)
     for m in range(1, full):
         low = m & -m
         rest = m ^ low
@@ -155,30 +145,23 @@ def _needed(pairs: tuple[tuple[Score, ...], ...]) -> dict[int, dict[int, float]]
             x ^= b
         score[m] = s
         rev[m] = (rev[m >> 1] >> 1) | ((m & 1) << (n - 1))
-        levels[m.bit_count()].append(m)
-    out: dict[int, dict[int, float]] = {}
-    for size in range(2, n):
-        best = [0] * full
-        for m in levels[size]:
-            best[m] = (score[m] << n) | rev[m]
-        weights: dict[int, float] = {}
-        for k in range(size + 1, n + 1):
-            p = 1.0 / ((n - size + 1) * math.comb(n, k))
-            for m in levels[k]:
-                # Some GPU among any size+1 members of m is not in its optimum, so the optimum
-                # of m is the best optimum of m minus one of its size+1 lowest members.
-                x, top, left = m, 0, size + 1
-                while left:
-                    low = x & -x
-                    v = best[m ^ low]
-                    if v > top:
-                        top = v
-                    x ^= low
-                    left -= 1
-                best[m] = top
-                weights[top] = weights.get(top, 0.0) + p
-        out[size] = weights
-    return out
+        keys[m] = (s << n) | rev[m]
+    return keys
+
+
+def _best_by_size(keys: array[int], left: int) -> dict[int, int]:
+    """Size -> the mask of the best subset of ``left`` of that size (one pass over subsets)."""
+    best: dict[int, int] = {}
+    top: dict[int, int] = {}
+    sub = left
+    while sub:
+        size = sub.bit_count()
+        key = keys[sub]
+        if key > top.get(size, -1):
+            top[size] = key
+            best[size] = sub
+        sub = (sub - 1) & left
+    return best
 
 
 def set_score(topo: topology.Topology, indices: Sequence[int]) -> Score:

@@ -7,19 +7,19 @@ Same hardware in, byte-identical slices out (devices sorted, maps built in a fix
 restart changes nothing and the publisher writes nothing. A device that would break an API rule
 is left out and reported, so one bad device never hides the others.
 
-Layout of the pool: a slice with the shared per-GPU counters (when the node has full GPUs),
-then the devices in order: one per full GPU or MIG device (by minor), then the GPU-set devices
-(:mod:`.gpusets`), by size and best first; 64 devices per slice once they consume counters. A
-later pass over the devices (taints, say) finds the GPUs of any device with
-:func:`gpusets.gpu_uuids`. GPUs handed to dynamic MIG are published as their full GPU plus one
-device per MIG profile placement, with a counter set each (:mod:`dra_driver.slices.migslices`).
+Layout of the pool: the devices in order, one per full GPU or MIG device (by minor); 128 per
+slice, 64 once a device has taints or consumes counters. Every full GPU carries its set ranks
+(``setRank<N>``, :mod:`.gpusets`), computed for the GPUs the agent sees free (``taken``: held by
+claims it prepared; tainted GPUs are never free). GPUs handed to dynamic MIG are published as their
+full GPU plus one device per MIG profile placement, with a counter set each, in slices of their
+own (:mod:`dra_driver.slices.migslices`); nothing else uses shared counters.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from dra_driver.apimachinery import semver
@@ -60,19 +60,19 @@ def build(
     decorate: Callable[[list[Obj]], None] | None = None,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     shareable: shares.Shareable = shares.NONE,
+    taken: Collection[str] = (),
 ) -> Build:
     """The complete desired set of ResourceSlices for ``node_name``: one pool named after it.
 
-    ``gpu_sets=False`` leaves out the shared counters and GPU-set devices: one device per GPU
-    or MIG device, as before the sets (for clusters without DRAPartitionableDevices, which
-    cannot allocate devices that consume counters). ``decorate`` is a pass over all device
-    entries, GPU sets included, before they are checked and split into slices (e.g.
-    :func:`dra_driver.slices.taints.decorator` adds the taints of unhealthy GPUs; tainted
-    devices lower the per-slice limit, which the split honours). ``dynamic_mig`` says which
-    MIG-capable GPUs are published for dynamic MIG (that needs partitionable devices too).
+    ``gpu_sets=False`` leaves out the set ranks (``setRank<N>`` attributes): plain devices.
+    ``taken``: names of full GPUs held by claims (the ranks are of the other GPUs).
+    ``decorate`` is a pass over all device entries before they are checked and split into
+    slices (e.g. :func:`dra_driver.slices.taints.decorator` adds the taints of unhealthy GPUs;
+    tainted devices lower the per-slice limit, which the split honours, and are not ranked).
+    ``dynamic_mig`` says which MIG-capable GPUs are published for dynamic MIG (that needs
+    partitionable devices).
     GPUs ``shareable`` selects (not those published for dynamic MIG) are published with
-    consumable capacity (:mod:`.shares`); they consume their GPU's counter like any full GPU,
-    which the scheduler charges once, for the first share. Raises :class:`BuildError` when the
+    consumable capacity (:mod:`.shares`). Raises :class:`BuildError` when the
     node or driver name itself breaks an API rule.
     """
     empty = validate.validate(_slice(node_name, driver_name, [], 0, 1, generation, node_uid))
@@ -84,15 +84,14 @@ def build(
     problems: list[str] = []
     entries = device_entries(devices, problems, dynamic_mig=dynamic_mig, shareable=shareable)
     kept = _valid(entries, node_name, driver_name, generation, problems)
-    checked = len(kept)  # sets are only made of GPUs whose own device is valid
-    # A dynamic GPU is published whole (whatever its MIG mode): it joins the per-GPU counters
-    # and the GPU sets like any full GPU; then its own counter set is wired in.
-    whole = migslices.as_whole(devices, dynamic_mig)
-    counter_sets = gpusets.add(whole, kept, memory_text=bytes_quantity) if gpu_sets else []
-    counter_sets += migslices.attach(devices, dynamic_mig, kept, counter_sets, quantity=_quantity)
+    checked = len(kept)
+    counter_sets = migslices.attach(devices, dynamic_mig, kept, quantity=_quantity)
     if decorate is not None:
         decorate(kept)
         checked = 0  # a pass may change any device
+    if gpu_sets:
+        gpusets.add_ranks(migslices.as_whole(devices, dynamic_mig), kept, taken=taken)
+        checked = 0
     kept[checked:] = _valid(kept[checked:], node_name, driver_name, generation, problems)
     chunks: list[tuple[list[Obj], list[Obj]]] = [
         ([], counter_sets[i : i + validate.MAX_COUNTER_SETS])

@@ -17,12 +17,10 @@ impossible, and nothing else. Per dynamic GPU ``gpu-<minor>`` the pool gets a co
 Devices: the full GPU consumes *everything* of its set (so it excludes every MIG device of the
 GPU and the reverse), each placement ``gpu-<minor>-mig-<profile>-<start>`` what its profile and
 place take, with the attributes and capacities of a static MIG device (``type: mig``,
-``profile``, ``parentUUID``; no ``uuid`` yet: the instance exists only once prepared). With the
-pool-wide per-GPU counters of GPU sets (:mod:`dra_driver.slices.gpusets`: ``gpus``/``gpu-<minor>``
-= the GPU's memory, which the full GPU and every set holding it consume whole) a placement also
-consumes its profile's memory of its GPU's counter: a MIG device blocks the full GPU and every
-set with that GPU, and they block it (:func:`attach`; the second of the two consumptions a
-device may have).
+``profile``, ``parentUUID``; no ``uuid`` yet: the instance exists only once prepared). An
+allocated MIG device leaves its full GPU without its counters, so that GPU is neither allocatable
+nor free for the set ranks (:mod:`dra_driver.slices.gpusets`) once the agent prepared the MIG
+claim.
 
 Limits (contracts.md §5, the same in 1.36): ≤32 counters per set and per consumption, ≤2
 consumptions per device, ≤8 counter sets per slice, counter sets and devices never in one slice,
@@ -38,7 +36,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_driver.devices import migprofiles, model
-from dra_driver.slices import gpusets
 
 Obj = dict[str, Any]
 COMPUTE_SLICES = "compute-slices"
@@ -142,18 +139,14 @@ def attach(
     devices: model.NodeDevices,
     dynamic: migprofiles.DynamicMig,
     entries: Sequence[Obj],
-    counter_sets: Sequence[Obj],
     *,
     quantity: Any,
 ) -> list[Obj]:
     """Wire the dynamic GPUs into the pool; returns their counter sets, to publish.
 
-    Each full dynamic GPU also consumes all of its MIG set; each placement also consumes its
-    GPU's per-GPU counter (``gpus``/``gpu-<minor>``, when the pool has one) by its memory, so
-    the full GPU and every GPU set holding that GPU are blocked while it is allocated — and
-    they block it. ``entries`` are changed in place."""
+    Each full dynamic GPU consumes all of its MIG set, so it and the MIG devices of it block
+    each other. ``entries`` are changed in place."""
     by_name = {e["name"]: e for e in entries}
-    node_set = {name: cs["name"] for cs in counter_sets for name in cs["counters"]}
     out: list[Obj] = []
     for gpu in sorted(dynamic.dynamic_gpus(devices.gpus), key=lambda g: (g.minor, g.index)):
         out.append(counter_set(gpu, quantity))
@@ -162,17 +155,6 @@ def attach(
             full["consumesCounters"] = [
                 *full.get("consumesCounters", []),
                 *full_gpu_consumes(gpu, quantity),
-            ]
-        per_gpu = gpusets.counter_name(gpu.minor)
-        holder = node_set.get(per_gpu)
-        for place in migprofiles.placements(gpu):
-            device = by_name.get(place.name)
-            if device is None or holder is None:
-                continue
-            amount = quantity(MEMORY, place.profile.memory_bytes)
-            device["consumesCounters"] = [
-                *device["consumesCounters"],
-                {"counterSet": holder, "counters": {per_gpu: {"value": amount}}},
             ]
     return out
 

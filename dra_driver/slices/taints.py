@@ -5,8 +5,8 @@ Why it exists: in DRA mode an unhealthy device is isolated by a taint in its Res
 tolerate the taint, and ``NoExecute`` also evicts the pods using it. The pass is separate from
 slice building so it composes with whatever devices the builder makes: a device is tainted with
 the conditions of every GPU or MIG UUID it names in its ``uuid``, ``parentUUID`` or ``uuids``
-attribute, or as a GPU set in ``uuid0``, ``uuid1``, ... (a MIG device inherits its parent GPU's
-taints; a device standing for a group of GPUs is tainted when any of them is unhealthy). Taint
+attribute (a MIG device inherits its parent GPU's taints; a device standing for a group of GPUs
+is tainted when any of them is unhealthy). Taint
 keys are in the driver's domain (``gpu.nvidia.com/xid``), values the XID or a short reason,
 effects as the health policy says (:mod:`dra_driver.devices.healthpolicy`). The output is
 deterministic — the same health gives byte-identical devices — so the publisher writes nothing
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dra_driver.devices import health, migprofiles, model
-from dra_driver.slices import build, devicerules, gpusets
+from dra_driver.slices import build, devicerules
 
 Obj = dict[str, Any]
 UUID_ATTRIBUTES = ("uuid", "parentUUID", "uuids")
@@ -36,8 +36,6 @@ def device_uuids(device: Mapping[str, Any], driver_name: str) -> tuple[str, ...]
             if isinstance(attr.get("string"), str):
                 found += [u.strip() for u in attr["string"].split(",") if u.strip()]
             found += [str(u) for u in attr.get("strings") or ()]
-    # A GPU set names its members one attribute each: uuid0, uuid1, ... (docs/topology.md).
-    found += gpusets.gpu_uuids(device) if "uuid0" in attrs else []
     return tuple(dict.fromkeys(found))
 
 

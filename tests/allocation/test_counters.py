@@ -157,14 +157,15 @@ def test_admin_access_skips_only_what_this_claim_takes() -> None:
     assert picked(alloc(mixed, [device_slice(devs)])) == ["gpu-0", "gpu-1"]
 
 
-def test_the_published_slices_of_a_profile_block_sets_by_counters() -> None:
+def test_the_published_slices_of_a_profile_carry_no_counters() -> None:
+    """Counters make the scheduler read this node's pool for every node it filters (1.36): the
+    agent publishes them only for dynamic MIG, not for whole GPUs (docs/topology.md)."""
     devices = fake.FakeBackend.from_name("h100-nvl-pairs").discover()
     slices = build.build(devices, node_name=NODE).slices
-    classes = simulator.builtin_classes()
+    assert [s["spec"].get("sharedCounters") for s in slices] == [None]
+    assert not any(d.get("consumesCounters") for s in slices for d in s["spec"]["devices"])
     the_claim = rclaim(request("s", cls="gpu-set.nvidia.com"))
-    first = allocator.allocate(the_claim, slices=slices, classes=classes, node_name=NODE)
-    assert picked(first) == ["gpus-0-1"]
-    second = allocator.allocate(
-        the_claim, slices=slices, classes=classes, node_name=NODE, allocated=used("gpu-0")
-    )
-    assert picked(second) == ["gpus-2-3"]
+    classes = simulator.builtin_classes()
+    assert not allocator.allocate(
+        the_claim, slices=slices, classes=classes, node_name=NODE
+    ).allocated

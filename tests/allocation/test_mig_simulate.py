@@ -1,5 +1,5 @@
 """Dynamic MIG in the simulator: claims allocated one after another never over-commit a counter,
-never get overlapping instances, block (and are blocked by) the full GPU and GPU sets, and get
+never get overlapping instances, block (and are blocked by) the full GPU, and get
 the same verdicts the hardware gives — checked by creating every allocation in the NVML
 stand-in. Explanations say why in MIG terms."""
 
@@ -13,7 +13,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from dra_driver.allocation import allocator, simulator
+from dra_driver.allocation import allocator, claimgen, simulator
 from dra_driver.apimachinery import quantity as qty
 from dra_driver.devices import fake, fakenvml, migprofiles, model, nvml, profiles
 
@@ -99,25 +99,26 @@ def test_three_claims_then_the_reasons_in_mig_terms() -> None:
     )
 
 
-def test_the_full_gpu_and_gpu_sets_block_mig_devices_and_the_reverse() -> None:
+def test_the_full_gpu_and_whole_gpu_claims_block_mig_devices_and_the_reverse() -> None:
     devices = fake.FakeBackend.from_name("dgx-h100").discover()
     gpu0, gpu1 = devices.gpus[:2]
-    pair = _claim("pair", "gpu-set", f'device.attributes["{DRIVER}"].minors == "0,1"')
+    pair = claimgen.claim(2, name="pair")
     first = _run(devices, [mig_claim("mig", "1g.10gb", gpu0), pair, gpu_claim("whole", gpu0)])
     assert _devices(first[0]) == ["gpu-0-mig-1g-10gb-0"]
-    assert first[1].allocation is None and first[2].allocation is None
-    assert "  gpus-0-1: gpu-0 has MIG devices allocated (1g.10gb at 0)" in first[1].explanation
+    # The rank-1 pair (gpu-0, gpu-1) holds gpu-0, whose full device the MIG device blocks:
+    # the ladder moves on to rank 2.
+    assert _devices(first[1]) == ["gpu-2", "gpu-3"]
+    assert first[2].allocation is None
     assert (
         "  gpu-0: gpu-0: 6 of 7 compute slices left, the full GPU needs all 7, overlaps 1g.10gb "
         "at 0" in first[2].explanation
     )
     second = _run(devices, [pair, mig_claim("mig", "1g.10gb", gpu1)])
-    assert _devices(second[0]) == ["gpus-0-1"]
+    assert _devices(second[0]) == ["gpu-0", "gpu-1"]
     assert second[1].allocation is None
-    assert any(
-        "gpu-1: 7 of 7 compute slices left, 1g.10gb needs 1 at placement 0, but the whole GPU "
-        "is allocated (gpus-0-1)" in line
-        for line in second[1].explanation
+    assert (
+        "  gpu-1-mig-1g-10gb-0: gpu-1: 0 of 7 compute slices left, 1g.10gb needs 1 at placement "
+        "0, overlaps gpu-1" in second[1].explanation
     )
 
 

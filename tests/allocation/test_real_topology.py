@@ -7,9 +7,10 @@ any N free GPUs reach. For every case:
 
 * ``dra-driver simulate`` on the slices the scheduler saw (``dra-driver slices`` of that time:
   one slice, one device per GPU) prints exactly the devices it picked, or exit 1;
-* on the slices we publish now (counters, GPU sets) the same claim gets the same devices: the
-  GPU sets change nothing for claims that do not ask for them;
-* the claim ``dra-driver claim --gpus N`` writes gets GPUs with the best possible link count.
+* on the slices we publish now (set ranks on every GPU) the same claim gets the same devices:
+  the ranks change nothing for claims that do not ask for them;
+* the claim ``dra-driver claim --gpus N`` writes, on the slices the agent publishes once it has
+  prepared the occupying 1-GPU claims, gets GPUs with the best possible link count.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def _devices(profile: str) -> model.NodeDevices:
 
 
 @functools.cache
-def _published(profile: str) -> list[dict[str, Any]]:
-    return build.build(_devices(profile), node_name=NODE).slices
+def _published(profile: str, taken: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    return build.build(_devices(profile), node_name=NODE, taken=taken).slices
 
 
 def recorded_slices(devices: model.NodeDevices) -> list[dict[str, Any]]:
@@ -142,7 +143,7 @@ def test_the_generated_claim_gets_the_best_links(case: dict[str, Any]) -> None:
     count = case["claimSpec"]["devices"]["requests"][0]["exactly"]["count"]
     outcome = allocator.allocate(
         claimgen.claim(count),
-        slices=_published(case["profile"]),
+        slices=_published(case["profile"], tuple(case["alreadyAllocated"])),
         classes=simulator.builtin_classes(),
         node_name=NODE,
         allocated=_taken(case),

@@ -1,10 +1,11 @@
-"""Shares and GPU sets on the slices the agent publishes: the per-GPU counter keeps them apart.
+"""Shares and the generated claim on the slices the agent publishes: capacity keeps them apart.
 
-A shareable GPU consumes its GPU's whole counter, like an exclusive one; kube-scheduler 1.36
-charges a multi-allocatable device's counters only while it has no capacity in use, so the first
-share books the counter (every set holding the GPU is then blocked), later shares skip the
-check, and an allocated set leaves its GPUs' counters used up (no share fits there). Both
-directions, across claims (allocated earlier, or earlier in the same run) and inside one claim.
+A shareable GPU is one multi-allocatable device; a request that asks no memory takes all of it
+(the capacity's default), so a claim for whole GPUs (the ``dra-driver claim`` ladder, a plain
+request) never lands on a GPU that has shares, and no share lands on a GPU a whole claim holds.
+The set ranks are only a hint: a ranked set with a shared GPU is skipped for the next rank.
+Both directions, across claims (allocated earlier, or earlier in the same run) and inside one
+claim. No shared counters are involved any more (docs/topology.md).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ SET_CLASS = "gpu-set.nvidia.com"
 
 
 def node_slices(profile: str = "h100-nvl-pairs") -> list[Obj]:
-    """gpu-0..gpu-3 (H100 NVL, 94Gi, shareable), then gpus-0-1, gpus-2-3, gpus-0-1-2; and a
-    counter slice: counter gpu-<minor> = 94Gi, which each GPU's device consumes whole."""
+    """gpu-0..gpu-3 (H100 NVL, 94Gi, shareable), ranked as on an empty node: pairs gpus 0+1
+    then 2+3, the triple 0+1+2."""
     devices = fake.FakeBackend.from_name(profile).discover()
     return build.build(
         devices, node_name=NODE, driver_name=DRIVER, shareable=shares.Shareable.parse("all")
@@ -33,10 +34,6 @@ def node_slices(profile: str = "h100-nvl-pairs") -> list[Obj]:
 
 def share(name: str, memory: str) -> Obj:
     return request(name, cls=SHARE_CLASS, capacity={"requests": {"memory": memory}})
-
-
-def a_set(name: str, minors: str) -> Obj:
-    return request(name, f'device.attributes["{DRIVER}"].minors == "{minors}"', cls=SET_CLASS)
 
 
 def run(*claims: Obj, consumed: capacity.Ledger | None = None) -> list[allocator.Outcome]:
@@ -74,24 +71,20 @@ def test_later_shares_skip_the_counter_the_first_one_booked() -> None:
     assert [picked(o) for o in out] == [["gpu-0"], ["gpu-0"]]
 
 
-def test_shares_of_a_gpu_block_every_set_holding_it() -> None:
-    first, pair, triple, pinned = run(
+def test_shares_of_a_gpu_keep_the_generated_claim_off_it() -> None:
+    first, pair, triple = run(
         rclaim(share("gpu", "20Gi"), name="s"),
         claimgen.claim(2, name="pair"),
         claimgen.claim(3, name="triple"),
-        rclaim(a_set("set", "0,1"), name="pinned"),
     )
     assert picked(first) == ["gpu-0"]
-    assert picked(pair) == ["gpus-2-3"]  # gpus-0-1 holds gpu-0
-    # No free set of three (gpus-0-1-2 holds gpu-0 and gpu-2, gpu-3 are taken); whole GPUs
-    # are left only on gpu-1: a plain request takes a GPU's whole memory, gpu-0 has 74Gi.
-    text = why(triple)
-    assert "gpu-0: 74Gi of memory left, 94Gi needed by default (not requested)" in text
-    assert "gpus-0-1-2: uses a GPU that allocated shares hold (gpu-0;" in text
-    assert "gpus-0-1: uses a GPU that allocated shares hold (gpu-0;" in why(pinned)
+    assert picked(pair) == ["gpu-2", "gpu-3"]  # rank 1 (gpu-0, gpu-1) holds the shared gpu-0
+    assert {r["request"] for r in results(pair)} == {"gpus/rank2"}
+    # Whole GPUs are left only on gpu-1: a plain request takes a GPU's whole memory.
+    assert "gpu-0: 74Gi of memory left, 94Gi needed by default (not requested)" in why(triple)
 
 
-def test_shares_from_allocated_claims_block_sets_too() -> None:
+def test_shares_from_allocated_claims_keep_it_off_too() -> None:
     earlier = {
         "kind": "ResourceClaim",
         "status": {
@@ -115,53 +108,47 @@ def test_shares_from_allocated_claims_block_sets_too() -> None:
     pair, more = run(
         claimgen.claim(2, name="pair"), rclaim(share("gpu", "70Gi"), name="s"), consumed=consumed
     )
-    assert picked(pair) == ["gpus-2-3"]
+    assert picked(pair) == ["gpu-2", "gpu-3"]
     assert picked(more) == ["gpu-0"]  # gpu-1 has 86Gi left too, but gpu-0 comes first
 
 
-def test_a_set_blocks_shares_of_its_gpus() -> None:
+def test_a_whole_claim_keeps_shares_off_its_gpus() -> None:
     pair, first, other_pair, last = run(
         claimgen.claim(2, name="pair"),
         rclaim(share("gpu", "20Gi"), name="s1"),
         claimgen.claim(2, name="pair2"),
         rclaim(share("gpu", "20Gi"), name="s2"),
     )
-    assert picked(pair) == ["gpus-0-1"]
-    assert picked(first) == ["gpu-2"]  # gpu-0 and gpu-1: their counters are the set's
-    # gpus-2-3 is blocked by the share on gpu-2; the ladder's plain GPUs are all taken.
+    assert picked(pair) == ["gpu-0", "gpu-1"]
+    assert picked(first) == ["gpu-2"]  # gpu-0 and gpu-1 are the pair's, whole
+    # gpu-2 has a share now: rank 2 (gpu-2, gpu-3) and "any" find one whole GPU only.
     assert not other_pair.allocated
     assert picked(last) == ["gpu-2"]  # shares go on sharing gpu-2
 
 
-def test_when_sets_hold_every_gpu_no_share_fits_and_the_explanation_says_why() -> None:
+def test_when_whole_claims_hold_every_gpu_no_share_fits_and_the_explanation_says_why() -> None:
     *_, late = run(claimgen.claim(2, name="p1"), claimgen.claim(2, name="p2"),
                    rclaim(share("gpu", "1Gi"), name="late"))  # fmt: skip
-    text = why(late)
-    assert (
-        "gpu-0, gpu-1, gpu-2, gpu-3: uses a GPU that an allocated device holds "
-        "(its shared counter is used up)"
-    ) in text
+    assert "gpu-0, gpu-1, gpu-2, gpu-3: 0 of memory left, 1Gi requested" in why(late)
 
 
 def test_an_exclusive_claim_on_a_shareable_gpu_takes_it_whole() -> None:
-    whole, pinned, small = run(
+    whole, pair, small = run(
         rclaim(request("gpu", cls=SHARE_CLASS), name="whole"),
-        rclaim(a_set("set", "0,1"), name="pinned"),
+        claimgen.claim(2, name="pair"),
         rclaim(share("gpu", "1Gi"), name="small"),
     )
     (res,) = results(whole)
     assert res["device"] == "gpu-0" and res["consumedCapacity"]["memory"] == "94Gi"
-    assert "gpus-0-1: uses a GPU that allocated shares hold (gpu-0;" in why(pinned)
+    assert picked(pair) == ["gpu-2", "gpu-3"]  # rank 1 holds gpu-0
     assert picked(small) == ["gpu-1"]  # gpu-0: 0 of memory left
 
 
-def test_inside_one_claim_a_share_blocks_sets_of_its_gpu_and_a_set_blocks_shares() -> None:
+def test_inside_one_claim_a_share_keeps_the_ladder_off_its_gpu() -> None:
     ladder = claimgen.claim(2)["spec"]["devices"]["requests"][0]
     (share_first,) = run(rclaim(share("s", "10Gi"), ladder, name="a"))
-    (set_first,) = run(rclaim(a_set("pair", "0,1"), share("s", "10Gi"), name="b"))
-    assert picked(share_first) == ["gpu-0", "gpus-2-3"]
-    assert [r["request"] for r in results(share_first)] == ["s", "gpus/nvlinked"]
-    assert picked(set_first) == ["gpus-0-1", "gpu-2"]
+    assert picked(share_first) == ["gpu-0", "gpu-2", "gpu-3"]
+    assert [r["request"] for r in results(share_first)] == ["s", "gpus/rank2", "gpus/rank2"]
 
 
 def test_two_requests_of_one_claim_share_one_gpu_as_the_scheduler_does() -> None:
@@ -179,11 +166,3 @@ def test_two_requests_of_one_claim_share_one_gpu_as_the_scheduler_does() -> None
 def test_a_claim_of_two_shares_sees_what_its_first_share_took() -> None:
     (out,) = run(rclaim(share("a", "50Gi"), share("b", "45Gi"), name="big"))
     assert picked(out) == ["gpu-0", "gpu-1"]  # 44Gi left on gpu-0 after a
-
-
-def test_backtracking_gives_back_the_counter_of_a_first_share() -> None:
-    # a's first choice gpu-0 makes the pinned set impossible; the search moves a on until the
-    # set fits. (1.36 releases without kubernetes#140431 keep gpu-0's counter booked here and
-    # leave the pod pending: firstfit's docstring.)
-    (out,) = run(rclaim(share("a", "10Gi"), a_set("pair", "0,1"), name="c"))
-    assert picked(out) == ["gpu-2", "gpus-0-1"]
