@@ -27,6 +27,7 @@ from dra_driver.allocation import (
     physical,
     placement,
     pools,
+    schedwork,
     selection,
     solver,
 )
@@ -118,13 +119,18 @@ def allocate(claim_obj: Mapping[str, Any], **kwargs: Any) -> Outcome:
     return schedule(prepare(claim_obj, **kwargs))
 
 
-def schedule(ctx: Context, *, budget: int = firstfit.DEFAULT_BUDGET) -> Outcome:
-    """The scheduler's allocation (its first fit), or why it allocates nothing."""
+def schedule(
+    ctx: Context, *, budget: int = firstfit.DEFAULT_BUDGET, work: schedwork.Work | None = None
+) -> Outcome:
+    """The scheduler's allocation (its first fit), or why it allocates nothing.
+
+    ``work`` counts the scheduler's search (:mod:`.schedwork`), not our explanations.
+    """
     name = ctx.parsed.name
     if ctx.error is not None:
         return Outcome(name, None, explanation=(ctx.error,), scheduler_error=ctx.error)
     verdict = firstfit.emulate(
-        ctx.parsed, ctx.sel, bad_pools=ctx.bad_pools, ledger=ctx.ledger, budget=budget
+        ctx.parsed, ctx.sel, bad_pools=ctx.bad_pools, ledger=ctx.ledger, budget=budget, work=work
     )
     if verdict.status == "error":
         lines = (

@@ -29,6 +29,11 @@ allocator is a depth-first search whose first complete solution wins:
   allocation on the node; more than 32 results per claim make that branch fail (a
   ``firstAvailable`` request then tries its next subrequest).
 
+With a :class:`schedwork.Work` the search counts what the scheduler's would do: every device
+its loop visits (in-use ones too; ``devices_visited``), every selector expression evaluated on a
+miss of the per-(request, device) cache (``cel_evaluations``) and every counter check of a
+device that consumes counters (``counter_checks``).
+
 Known difference: 1.36 releases without the fix kubernetes/kubernetes#140431 (backported to
 release-1.36 in July 2026 as #140663) do not give back the counters they booked for a candidate
 that a taint or a constraint then rejects, nor those of a multi-allocatable device's first share
@@ -41,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from dra_driver.allocation import capacity, claim, counters, pools, selection
+from dra_driver.allocation import capacity, claim, counters, pools, schedwork, selection
 
 DEFAULT_BUDGET = 200_000  # search steps before giving up ("undecided")
 
@@ -92,8 +97,10 @@ class _Search:
         ledger: counters.Ledger,
         *,
         budget: int,
+        work: schedwork.Work | None = None,
     ) -> None:
         self.claims = claims
+        self.work = work
         self.sel = claims[0][1]
         self.devices = self.sel.devices
         self.ledger = ledger
@@ -114,7 +121,7 @@ class _Search:
     # ---- checks ------------------------------------------------------------------------------
 
     def _selectable(self, ci: int, req: claim.Request, pos: int) -> bool:
-        found = self.claims[ci][1].check(req, pos)
+        found = self.claims[ci][1].check(req, pos, self.work)
         if found is not None and found.error is not None:
             dev = self.devices[pos].name
             raise _Abort(f"request {req.name}: {found.where} on {dev}: {found.error}")
@@ -216,6 +223,8 @@ class _Search:
                 return False
             return self._descend(ci, req, pos, (gi, ai, slot + 1, in_sub, 0))
         for pos in range(start, len(self.devices)):
+            if self.work is not None:
+                self.work.devices_visited += 1  # allocateOne's device loop
             if self._busy(ci, req, pos) or not self._selectable(ci, req, pos):
                 continue
             if not self._fits(ci, req, pos).ok:
@@ -245,6 +254,8 @@ class _Search:
         pool_key = (device.driver, device.pool)
         multi = self.sel.multi[pos]
         charge = not (multi and self._capacity_in_use(pos))  # shares after the first skip
+        if charge and device.consumes and self.work is not None:
+            self.work.counter_checks += 1  # checkAvailableCounters
         if charge and not self.ledger.fits(pool_key, device.consumes):
             return False
         if self.claims[ci][1].taint_blocks(req, pos) is not None:
@@ -304,13 +315,14 @@ def emulate_all(
     ledger: counters.Ledger,
     bad_pools: Sequence[pools.Pool],
     budget: int = DEFAULT_BUDGET,
+    work: schedwork.Work | None = None,
 ) -> Verdict:
     """Replay the scheduler's search for claims allocated together (one pod's claims).
 
     Every :class:`selection.Selection` must be over the same devices (one per claim, since
-    selector verdicts are cached per request name).
+    selector verdicts are cached per request name). ``work`` counts the search's work.
     """
-    search = _Search(claims, ledger, budget=budget)
+    search = _Search(claims, ledger, budget=budget, work=work)
     try:
         search.validate(bad_pools)
         ok = search.one(0, 0, 0, 0, False, 0)
@@ -335,6 +347,7 @@ def emulate(
     bad_pools: Sequence[pools.Pool],
     ledger: counters.Ledger | None = None,
     budget: int = DEFAULT_BUDGET,
+    work: schedwork.Work | None = None,
 ) -> Verdict:
     """Replay the scheduler's search for one claim on the devices ``sel`` knows."""
     return emulate_all(
@@ -342,4 +355,5 @@ def emulate(
         ledger=ledger if ledger is not None else counters.Ledger({}),
         bad_pools=bad_pools,
         budget=budget,
+        work=work,
     )

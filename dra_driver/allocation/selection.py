@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dra_driver.allocation import capacity, cel, claim, pools
+from dra_driver.allocation import capacity, cel, claim, pools, schedwork
 from dra_driver.apimachinery import taints
 
 
@@ -102,24 +102,38 @@ class Selection:
                 self._prepared[pos] = err
         return self._prepared[pos]
 
-    def check(self, req: claim.Request, pos: int) -> Failure | None:
-        """``None`` when device ``pos`` passes the class and request selectors of ``req``."""
+    def check(
+        self, req: claim.Request, pos: int, work: schedwork.Work | None = None
+    ) -> Failure | None:
+        """``None`` when device ``pos`` passes the class and request selectors of ``req``.
+
+        ``work`` counts the expressions evaluated (``cel_evaluations``); a cached verdict
+        evaluates none, as the scheduler's ``deviceMatchesRequest`` cache.
+        """
         key = (req.name, pos)
         if key in self._cache:
             return self._cache[key]
         cls = self.class_of(req)
-        found = self._run(cls.name, cls.selectors, pos)
+        found = self._run(cls.name, cls.selectors, pos, work)
         if found is None:
-            found = self._run(None, req.selectors, pos)
+            found = self._run(None, req.selectors, pos, work)
         self._cache[key] = found
         return found
 
-    def _run(self, class_name: str | None, selectors: Sequence[str], pos: int) -> Failure | None:
+    def _run(
+        self,
+        class_name: str | None,
+        selectors: Sequence[str],
+        pos: int,
+        work: schedwork.Work | None = None,
+    ) -> Failure | None:
         for i, expr in enumerate(selectors):
             prepared = self._prepare(pos)
             if isinstance(prepared, cel.CelEvalError):
                 return Failure(class_name, i, expr, prepared.reason)
             compiled = self._compiled.get(expr) or cel.compile_selector(expr)
+            if work is not None:
+                work.cel_evaluations += 1
             try:
                 ok = compiled.evaluate(prepared)
             except cel.CelEvalError as err:
