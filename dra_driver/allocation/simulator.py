@@ -347,8 +347,9 @@ def _explained(outcome: allocator.Outcome, insight: Insight, names: Mapping[str,
         result = "on this node it would not be allocated"
     elif outcome.score is not None and got.score <= outcome.score:
         result = (
-            f"on this node it gets {gpus(got.gpus)} too: the node publishes no GPU set that "
-            "is the optimum here (see docs/topology.md, set budget)"
+            f"on this node it gets {gpus(got.gpus)} too: the set ranks in these slices are not "
+            "those of the GPUs free here (the agent re-ranks once it has prepared the claims "
+            "holding them; see docs/topology.md)"
         )
     else:
         result = f"on this node it gets {gpus(got.gpus)} ({_placement(got.score)})"

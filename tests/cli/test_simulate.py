@@ -121,10 +121,8 @@ def test_pod_less_file_with_claim_class_and_slices(
     # The same devices, now in use by another claim, leave too few.
     used = write(tmp_path / "used.yaml", yaml.safe_load(out)["devices"])
     code, out, _ = main(capsys, path, "--allocated", used)
-    # A class selecting by product alone also selects the GPU sets of uniform product (classes
-    # should select a type, as the shipped ones do); the sets are blocked by the used GPUs.
-    assert code == 1 and "1 of 7 usable" in out
-    assert "gpus-0-1, gpus-2-3, gpus-0-1-2: uses a GPU that an allocated device holds" in out
+    assert code == 1 and "1 of 4 usable" in out
+    assert "gpu-0, gpu-1, gpu-2: allocated to another claim" in out
 
 
 def test_slices_flag_and_node_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -215,8 +213,8 @@ spec:
     assert "gpu-0: 10Gi of memory left, 11Gi requested" in second
 
 
-def _taken(tmp_path: Path, *names: str) -> str:
-    results = [{"driver": "gpu.nvidia.com", "pool": "fake-node", "device": n} for n in names]
+def _taken(tmp_path: Path, *names: str, pool: str = "fake-node") -> str:
+    results = [{"driver": "gpu.nvidia.com", "pool": pool, "device": n} for n in names]
     return write(tmp_path / "taken.yaml", results)
 
 
@@ -251,19 +249,28 @@ def test_explain_of_the_generated_claim_finds_no_gap(
     args = ["--fake", "dgx-1-v100", "--allocated", _taken(tmp_path, "gpu-0"), "--explain"]
     code, out, _ = main(capsys, best, *args)
     assert code == 0
-    assert "device: gpus-4-5-6-7" in out
+    results = yaml.safe_load(out.split("# explain")[0])["devices"]["results"]
+    assert [r["device"] for r in results] == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+    assert {r["request"] for r in results} == {"gpus/rank1"}  # ranked with gpu-0 held
     assert "# explain: gap: none, the scheduler's pick is optimal" in out
 
 
-def test_explain_says_when_the_node_publishes_no_optimal_set(
+def test_explain_says_when_the_slices_carry_stale_ranks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """On the 16-GPU mesh the set budget leaves some occupancies without their optimum."""
+    """Exported slices ranked for an empty node, GPUs since taken: the ladder's ranks are out of
+    date, the claim falls back to any GPUs, and --explain says why the better claim is no
+    better here."""
+    devices = fake.FakeBackend.from_name("hgx-16-mesh").discover()
+    stale = write(tmp_path / "slices.yaml", *build.build(devices, node_name="mesh").slices)
     taken = [f"gpu-{i}" for i in (1, 3, 4, 5, 7, 8, 9, 11, 15)]
     best = write(tmp_path / "best.yaml", claimgen.claim(4))
-    args = ["--fake", "hgx-16-mesh", "--allocated", _taken(tmp_path, *taken), "--explain"]
+    args = ["--slices", stale, "--allocated", _taken(tmp_path, *taken, pool="mesh"), "--explain"]
     code, out, _ = main(capsys, best, *args)
     assert code == 0
-    assert "# explain: scheduler's pick: gpu-2, gpu-6, gpu-10, gpu-14 (6 NVLink links" in out
-    assert "# explain: optimum: gpu-6, gpu-12, gpu-13, gpu-14 (6 NVLink links" in out
-    assert "the node publishes no GPU set that is the optimum here" in out
+    assert "# explain: optimum: gpu-10, gpu-12, gpu-13, gpu-14 (6 NVLink links" in out
+    assert "the set ranks in these slices are not those of the GPUs free here" in out
+    fresh = ["--fake", "hgx-16-mesh", "--allocated", _taken(tmp_path, *taken), "--explain"]
+    code, out, _ = main(capsys, best, *fresh)
+    assert code == 0
+    assert "# explain: gap: none, the scheduler's pick is optimal" in out
