@@ -51,7 +51,7 @@ class PluginSettings:
     node_labels_resync_s: float = 60.0
     health: healthpolicy.HealthPolicy = dataclasses.field(default_factory=healthpolicy.HealthPolicy)
     shareable: shares.Shareable = shares.NONE  # GPUs published with consumable capacity
-    gpu_sets: bool = True  # NVLink GPU sets and their per-GPU counters (--gpu-sets)
+    gpu_sets: bool = True  # set ranks on the GPU devices (--gpu-sets, docs/topology.md)
     mps_check_interval_s: float = 10.0  # how often dead MPS daemons are looked for (0 = never)
 
     @property

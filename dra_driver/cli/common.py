@@ -73,10 +73,9 @@ def add_dynamic_mig_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def add_gpu_sets_flag(parser: argparse.ArgumentParser) -> None:
-    """``--gpu-sets true|false`` (env ``GPU_SETS``): publish NVLink GPU sets and the per-GPU
-    counters they share (docs/topology.md). Off for clusters older than 1.36, whose API servers
-    drop counters unless DRAPartitionableDevices is on: there a set and its member GPUs could
-    be handed out twice."""
+    """``--gpu-sets true|false`` (env ``GPU_SETS``): mark every GPU with its set ranks
+    (``setRank<N>`` attributes, docs/topology.md) for the topology-best claims of ``dra-driver
+    claim``. Plain attributes: no feature gate needed; false publishes plain GPUs only."""
     from dra_driver.cli import env_default, labelflags
 
     parser.add_argument(
@@ -86,9 +85,9 @@ def add_gpu_sets_flag(parser: argparse.ArgumentParser) -> None:
         const="true",
         default=env_default("GPU_SETS", "true"),
         metavar="true|false",
-        help="publish NVLink GPU sets (gpu-set devices sharing per-GPU counters) for the "
-        "topology-best claims of `dra-driver claim`; false on clusters without partitionable "
-        "devices (before 1.36) (env GPU_SETS; default true; docs/topology.md)",
+        help="mark each GPU with its rank among the best free sets of N GPUs (setRank<N> "
+        "attributes) for the topology-best claims of `dra-driver claim`; false publishes plain "
+        "GPUs (env GPU_SETS; default true; docs/topology.md)",
     )
 
 
