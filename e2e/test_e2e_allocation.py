@@ -20,17 +20,12 @@ def gpus_of(
 
 
 def _minors(device: dict[str, Any]) -> list[str]:
-    """A GPU's minor, or a GPU set's members' minors (docs/attributes.md)."""
-    if kube.attr(device, "type") == "gpu-set":
-        return str(kube.attr(device, "minors")).split(",")
+    """A GPU's minor (docs/attributes.md)."""
     return [re.sub(r"^gpu-", "", device["name"])]
 
 
 def _uuids(device: dict[str, Any]) -> list[str]:
-    count = kube.attr(device, "gpuCount")
-    if count is None:
-        return [kube.attr(device, "uuid")]
-    return [kube.attr(device, f"uuid{i}") for i in range(count)]
+    return [kube.attr(device, "uuid")]
 
 
 def assert_sees(
@@ -127,18 +122,18 @@ def test_match_attribute_nvlink_island_and_numa_node(
         assert_sees(cluster, ns, pod_name, "ctr", gpus)
 
 
-def test_generated_claim_gets_a_bridged_pair_as_one_set(
+def test_generated_claim_gets_a_bridged_pair_by_its_set_rank(
     cluster: kube.Cluster, ns: str, nodes: dict[str, Any]
 ) -> None:
     kube.node_with(nodes, "h100-nvl-pairs")
     cluster.apply_spec("best-pair", ns)
     pod = cluster.wait_running(ns, "best-pair")
     results = kube.results(cluster.pod_claim(ns, pod, "gpus"))
-    assert [r["request"] for r in results] == ["gpus/nvlinked"], results
-    (gpu_set,) = gpus_of(cluster, pod, results)
-    assert kube.attr(gpu_set, "type") == "gpu-set" and kube.attr(gpu_set, "gpuCount") == 2
-    assert kube.attr(gpu_set, "nvlinkLinks") == 12, gpu_set["name"]
-    assert_sees(cluster, ns, "best-pair", "ctr", [gpu_set])
+    assert [r["request"] for r in results] == ["gpus/rank1", "gpus/rank1"], results
+    pair = gpus_of(cluster, pod, results)
+    islands = {kube.attr(g, "nvlinkIsland") for g in pair}
+    assert len(islands) == 1 and None not in islands, [g["name"] for g in pair]  # bridged
+    assert_sees(cluster, ns, "best-pair", "ctr", pair)
 
 
 def test_first_available_falls_back(cluster: kube.Cluster, ns: str) -> None:

@@ -62,5 +62,5 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(obj, indent=2))
     else:
-        print(yaml.safe_dump(obj, sort_keys=False), end="")
+        print(yaml.safe_dump(obj, sort_keys=False, width=120), end="")
     return 0
