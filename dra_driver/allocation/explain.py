@@ -136,7 +136,7 @@ def _request_lines(
             f"{len(usable)} of {in_class} usable"
         )
     lines = [head]
-    # Devices of another type than every device of the class (GPU sets or MIG devices next to
+    # Devices of another type than every device of the class (MIG devices next to
     # a class of whole GPUs) are not listed: the class is not about them.
     kinds = {_kind(sel, p) for p in range(n) if not _other_class(sel, req, p)}
     listed = [

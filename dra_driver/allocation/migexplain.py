@@ -4,8 +4,8 @@ Why it exists: "its shared counters are used up" does not tell a user what to do
 published for dynamic MIG (:mod:`dra_driver.slices.migslices`) the counters mean compute slices,
 memory slices and engines, so the explanation can say it the way an operator thinks of MIG:
 ``gpu-0: 3 of 7 compute slices left, 3g.40gb needs 3 at placement 4, overlaps 1g.10gb at 4``.
-When the GPU's MIG counters have room but the GPU is held whole (its full device, or a GPU set
-with it, consumes the pool-wide per-GPU counter), it says that instead. The words come from the
+When the GPU's MIG counters have room but the GPU is held whole (its full device consumes all
+of its MIG counter set), it says that instead. The words come from the
 published slices alone (counter names, the ``profile`` attribute, the memory slices a device
 consumes), so this works on exported slices as well as on fake nodes.
 """
@@ -116,7 +116,7 @@ def reason(
 
 
 def _held_by_mig(wants: Uses, holders: Sequence[pools.Device]) -> str | None:
-    """A full GPU or GPU set blocked because MIG devices of its GPUs are allocated."""
+    """A full GPU blocked because MIG devices of it are allocated."""
     per_gpu: dict[str, list[tuple[int, str]]] = {}
     for holder in holders:
         uses = _uses(holder)

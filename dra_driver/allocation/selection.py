@@ -1,5 +1,5 @@
 """Which devices a request may take: class and request selectors, taints, other claims' use,
-shared counters that allocated devices used up (a GPU set holding this GPU, say), and the
+shared counters that allocated devices used up (a MIG device of this GPU, say), and the
 capacity other claims' shares left on a multi-allocatable device.
 
 Why it exists: the exact search, the scheduler emulation and the explanations must agree on

@@ -126,7 +126,7 @@ def full_gpu_consumes(gpu: model.Gpu, quantity: Any) -> list[Obj]:
 
 
 def as_whole(devices: model.NodeDevices, dynamic: migprofiles.DynamicMig) -> model.NodeDevices:
-    """The node as the per-GPU counters and GPU sets see it: a dynamic GPU is a full GPU (its
+    """The node as the set ranks see it: a dynamic GPU is a full GPU (its
     full device is published whatever its MIG mode; its MIG devices are placements)."""
     gpus = tuple(
         dataclasses.replace(g, mig_enabled=False, mig_devices=()) if dynamic.selects(g) else g
