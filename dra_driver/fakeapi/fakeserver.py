@@ -26,12 +26,13 @@ import signal
 import socket
 import threading
 import urllib.parse
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from dra_driver.fakeapi import httpserver, memory, nodes
+from dra_driver.fakeapi import featuregates, httpserver, memory, nodes
 from dra_driver.kube import api
 
 if TYPE_CHECKING:
@@ -281,10 +282,16 @@ class FakeApiServer:
         token: str | None = None,
         tls: certs.Bundle | None = None,
         idle_timeout_s: float | None = None,
+        disabled_gates: Iterable[str] | None = None,
     ) -> None:
         """``tls``: serve HTTPS and require a client certificate of that bundle's CA;
-        ``idle_timeout_s``: close a kept-alive connection idle that long (None: never)."""
-        self.api = api_ if api_ is not None else memory.InMemoryApi()
+        ``idle_timeout_s``: close a kept-alive connection idle that long (None: never);
+        ``disabled_gates``: DRA feature gates off in the API served (:mod:`.featuregates`)."""
+        if api_ is None:
+            api_ = memory.InMemoryApi(disabled_gates=disabled_gates or ())
+        elif disabled_gates is not None and frozenset(disabled_gates) != api_.disabled_gates:
+            raise ValueError("disabled_gates differ from those of the InMemoryApi given")
+        self.api = api_
         self.tls = tls
         self._httpd = httpserver.Server(
             ("127.0.0.1", port),
@@ -363,8 +370,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", type=Path, required=True, help="kubeconfig to write")
     parser.add_argument("--node", action="append", default=[], help="Node object to create")
     parser.add_argument("--token", default=None, help="require this bearer token")
+    parser.add_argument(
+        "--feature-gates",
+        default="",
+        help="DRA gates as kube-apiserver takes them (DRADeviceTaints=false,...); default all on",
+    )
     args = parser.parse_args(argv)
-    server = FakeApiServer(token=args.token)
+    try:
+        disabled = featuregates.parse(args.feature_gates)
+    except ValueError as exc:
+        parser.error(str(exc))
+    server = FakeApiServer(token=args.token, disabled_gates=disabled)
     for node in args.node:
         server.api.put_node(node)
     done = threading.Event()

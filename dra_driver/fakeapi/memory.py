@@ -6,8 +6,9 @@ behaviour where the driver depends on it: one global ``resourceVersion`` counter
 update or delete precondition and on creating an existing name, 404, ``generateName``,
 ``metadata.generation`` bumped on spec changes, no-op updates that change nothing, watch events
 from a given resourceVersion (410 when it is too old), field-selector filtering, strict decoding,
-validation and defaulting (tests hold it to recorded server verdicts), owner-reference garbage
-collection when a Node goes, and injected failures (5xx, 409, 0 = unreachable). Test helpers
+validation and defaulting (tests hold it to recorded server verdicts), the fields a server with
+a DRA feature gate off drops (:mod:`.featuregates`), owner-reference garbage collection when a
+Node goes, and injected failures (5xx, 409, 0 = unreachable). Test helpers
 (``put_*``, ``calls``, ``writes``) are outside the port. Thread-safe: one lock.
 """
 
@@ -18,7 +19,7 @@ import time
 from collections.abc import Iterator
 
 from dra_driver.apimachinery import schema
-from dra_driver.fakeapi import memstate, serverbits
+from dra_driver.fakeapi import featuregates, memstate, serverbits
 from dra_driver.fakeapi.memstate import WRITE_METHODS, Call
 from dra_driver.kube import api
 from dra_driver.slices import validate as slice_validate
@@ -53,6 +54,8 @@ class InMemoryApi(memstate.ClusterState):
                 meta["name"] = serverbits.generate_name(
                     meta["generateName"], self._slices, self._rng
                 )
+            new = self._drop_disabled(method, new, None)
+            meta = new["metadata"]
             self._check(method, slice_validate.validate(new), "ResourceSlice", meta)
             name = meta["name"]
             if name in self._slices:
@@ -76,6 +79,9 @@ class InMemoryApi(memstate.ClusterState):
             if old is None:
                 raise self._fail(method, name, 404, f'{_SLICES} "{name}" not found')
             self._precondition(method, name, old, meta.get("resourceVersion"), meta.get("uid"))
+            sent = new
+            new = self._drop_disabled(method, sent, old)
+            meta = new["metadata"]
             self._check(method, slice_validate.validate_update(old, new), "ResourceSlice", meta)
             serverbits.fill_taint_times(new, old)
             new = schema.storage_form("ResourceSlice", new)
@@ -83,9 +89,15 @@ class InMemoryApi(memstate.ClusterState):
             for key in ("uid", "creationTimestamp", "generation"):
                 meta[key] = old["metadata"].get(key)
             meta["resourceVersion"] = old["metadata"]["resourceVersion"]
-            if new == old:  # the server turns an update that changes nothing into a no-op
+            changed = new.get("spec") != old.get("spec")
+            if not changed and sent is not new:
+                # The server bumps the generation by the spec it was sent, before dropping the
+                # fields of gates that are off: resending them is a write, not a no-op.
+                serverbits.fill_taint_times(sent, old)
+                changed = schema.storage_form("ResourceSlice", sent).get("spec") != old.get("spec")
+            if new == old and not changed:  # an update that changes nothing is a no-op
                 return self._ok(method, name, old)
-            if new.get("spec") != old.get("spec"):
+            if changed:
                 meta["generation"] = int(meta.get("generation") or 0) + 1
             meta["resourceVersion"] = self._next_rv()
             self._slices[name] = new
@@ -182,6 +194,15 @@ class InMemoryApi(memstate.ClusterState):
             return str(self._rv)
 
     # ------------------------------------------------------------------ internals
+    def _drop_disabled(self, method: str, new: Obj, old: Obj | None) -> Obj:
+        """``new`` without the fields of the gates that are off (:mod:`.featuregates`): after
+        strict decoding (a malformed dropped field is still a 400), before validation."""
+        if not self.disabled_gates:
+            return new
+        errors = schema.decode_errors("ResourceSlice", new)
+        self._check(method, errors, "ResourceSlice", new["metadata"])
+        return featuregates.drop_disabled_fields(new, old, self.disabled_gates)
+
     def _precondition(
         self,
         method: str,

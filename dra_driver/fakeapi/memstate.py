@@ -16,10 +16,11 @@ import json
 import random
 import threading
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from dra_driver.apimachinery import fielderrors, schema
-from dra_driver.fakeapi import admission, eventlog, nodes, serverbits
+from dra_driver.fakeapi import admission, eventlog, featuregates, nodes, serverbits
 from dra_driver.kube import api
 
 Obj = api.Obj
@@ -56,7 +57,11 @@ class ClusterState:
         use_default_cel: bool = True,
         seed: int = 0,
         history: int = 10_000,
+        disabled_gates: Iterable[str] = (),
     ) -> None:
+        """``disabled_gates``: DRA feature gates off, whose ResourceSlice fields are dropped as
+        a real server with them off drops them (:mod:`.featuregates`); none: all on."""
+        self.disabled_gates = featuregates.checked(disabled_gates)
         self._lock = threading.Condition(threading.RLock())
         self._rv = 0
         self._rng = random.Random(seed)
@@ -220,6 +225,13 @@ class ClusterState:
                 refs = obj["metadata"].get("ownerReferences") or ()
                 if any(r.get("uid") == uid for r in refs):
                     self._remove_slice(slice_name)
+
+    def restart_with_gates(self, disabled_gates: Iterable[str]) -> None:
+        """Test helper: the server back with other DRA gates off; stored objects stay, as in
+        etcd (how a slice written with a gate on meets a server with it off); watches end."""
+        with self._lock:
+            self.disabled_gates = featuregates.checked(disabled_gates)
+            self._log.end_watches()
 
     def put_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
         with self._lock:
