@@ -32,6 +32,7 @@ from dra_driver.devices import backend as devices_backend
 from dra_driver.devices import (
     control,
     health,
+    holdings,
     migcontrol,
     migprofiles,
     model,
@@ -97,12 +98,14 @@ def build_driver(
     metrics: metrics_mod.DriverMetrics | None = None,
     device_taints: state.DeviceTaints | None = None,
     mig_control: migcontrol.MigControl | None = None,
+    held_gpus: holdings.HeldGpus | None = None,
 ) -> driver_mod.Driver:
     """The driver core for ``devices``, with its checkpoint recovered (usable without gRPC).
 
     ``gpu_control`` (for tests) replaces the one :func:`gpu_control_for` picks;
     ``device_taints`` (a device's taints now) makes prepare refuse untolerated taints;
-    ``mig_control`` (:func:`mig_control_for`) creates and destroys dynamic MIG instances."""
+    ``mig_control`` (:func:`mig_control_for`) creates and destroys dynamic MIG instances;
+    ``held_gpus`` hears which full GPUs the prepared claims hold (from recovery on)."""
     mig_minors = None if settings.fake else inventory.read_mig_minors()
     files = driverfiles.discover(settings.driver_root, mount=settings.driver_root_mount)
     if not files:
@@ -155,6 +158,7 @@ def build_driver(
         ),
         mig_instances=mig_mod.MigInstances(control=mig_control, devices=preparable, log=log),
         device_taints=device_taints,
+        held_gpus=held_gpus,
     )
     if locks is None:
         claim_state.recover()
@@ -183,10 +187,12 @@ def start_publisher(
     metrics: metrics_mod.DriverMetrics | None = None,
     readiness: health_server.Readiness | None = None,
     board: health.HealthBoard | None = None,
+    held: holdings.HeldGpus | None = None,
 ) -> nodepublisher.NodePublisher | None:
     """Keep this node's ResourceSlices published (unless ``settings.publish`` is off), as the
-    one publishing instance of the node, with the taints of ``board``'s unhealthy GPUs,
-    re-published whenever the board changes; ``readiness``'s ``slices_published`` follows it."""
+    one publishing instance of the node, with the taints of ``board``'s unhealthy GPUs and the
+    set ranks of the GPUs ``held`` leaves free, re-published whenever either changes;
+    ``readiness``'s ``slices_published`` follows it."""
     if not settings.publish:
         log.info("not publishing ResourceSlices (disabled)")
         return None
@@ -204,6 +210,7 @@ def start_publisher(
         dynamic_mig=settings.dynamic,
         shareable=settings.shareable,
         gpu_sets=settings.gpu_sets,
+        held=held,
     )
     if readiness is not None:
         readiness.set_check("slices_published", node.published)
@@ -266,6 +273,7 @@ def run(
         dynamic_mig=[g.name for g in settings.dynamic.dynamic_gpus(devices.gpus)],
     )
     board = health_source or health.HealthBoard()
+    held = holdings.HeldGpus()  # what prepared claims hold: the claim state writes, slices follow
     uuids = taints.published_uuids(
         devices,
         node_name=settings.node_name,
@@ -281,6 +289,7 @@ def run(
             metrics=metrics,
             device_taints=taints.lookup(board, uuids, settings.driver_name),
             mig_control=mig_control,
+            held_gpus=held,
         )
     except OSError as exc:
         raise StartupError(f"cannot set up the plugin's files: {exc}") from exc
@@ -342,6 +351,7 @@ def run(
                 metrics=metrics,
                 readiness=readiness,
                 board=board,
+                held=held,
             )
         except build.BuildError as exc:  # keep serving: prepared claims still need unprepare
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))

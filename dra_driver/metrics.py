@@ -22,6 +22,8 @@ requests_in_flight                         gauge     operation
 prepared_claims / prepared_devices         gauge
 resourceslice_publish_total                counter   result (success|error)
 resourceslices                             gauge     (slices in the last published state)
+resourceslice_rebuilds_total               counter   cause (health|claims)
+held_gpus                                  gauge     (full GPUs prepared claims hold)
 nvml_errors_total                          counter   call (e.g. init, discover, health)
 device_health                              gauge     device, reason (1 healthy, 0 unhealthy)
 health_events_total                        counter   kind (xid|ecc|gpu-lost|...), xid, outcome
@@ -151,6 +153,19 @@ class DriverMetrics:
             namespace=namespace,
             registry=registry,
         )
+        self.slice_rebuilds = prom.Counter(
+            "resourceslice_rebuilds",
+            "Desired ResourceSlices rebuilt because GPU health or the GPUs held by claims changed.",
+            ["cause"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.held_gpus = prom.Gauge(
+            "held_gpus",
+            "Full GPUs held by claims prepared on this node, as the last rebuild saw them.",
+            namespace=namespace,
+            registry=registry,
+        )
         self.nvml_errors = prom.Counter(
             "nvml_errors",
             "NVML calls that failed, by call.",
@@ -202,6 +217,7 @@ class DriverMetrics:
             ok: self.slice_publishes.labels(result="success" if ok else "error")
             for ok in (True, False)
         }
+        self._rebuilds = {c: self.slice_rebuilds.labels(cause=c) for c in ("health", "claims")}
 
     @contextlib.contextmanager
     def request(
@@ -260,6 +276,15 @@ class DriverMetrics:
             if slices < 0:
                 raise MetricsError(f"published slices: {slices} is negative")
             self.slices.set(slices)
+
+    def slices_rebuilt(self, *, health: bool, claims: bool, held_gpus: int) -> None:
+        """The desired slices were rebuilt for a change of ``health``, of what ``claims`` hold,
+        or both; ``held_gpus``: how many full GPUs they hold now."""
+        if health:
+            self._rebuilds["health"].inc()
+        if claims:
+            self._rebuilds["claims"].inc()
+        self.held_gpus.set(held_gpus)
 
     def nvml_error(self, call: str) -> None:
         """An NVML call failed; ``call`` is a short fixed name such as ``"discover"``."""

@@ -22,7 +22,7 @@ import structlog
 
 from dra_driver import logs
 from dra_driver import metrics as metrics_mod
-from dra_driver.driver import checkpoint, claims, periodic, results, state
+from dra_driver.driver import checkpoint, claims, periodic, recovery, results, state
 from dra_driver.kube import api as kube
 
 T = TypeVar("T")
@@ -92,6 +92,7 @@ class Driver:
         releases device ownership no record backs."""
         for orphan in self.state.release_orphans():
             self.log.warning("released devices held without a prepared claim", claim_uid=orphan)
+        recovery.refresh_held(self.state)  # claims another instance of the agent prepared
         gone: list[claims.ClaimRef] = []
         for ref in self.state.prepared_claims():
             clog = logs.claim_logger(self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name)

@@ -51,6 +51,12 @@ class PreparableDevice:
             return tuple(m.parent_minor for m in self.members)
         return (self.parent_minor,)
 
+    @property
+    def gpu_names(self) -> tuple[str, ...]:
+        """The full GPUs (published names, ``gpu-<minor>``) a claim of this device holds: a
+        GPU itself, a set's members, a MIG device's parent."""
+        return tuple(f"gpu-{minor}" for minor in self.gpu_minors)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Inventory:

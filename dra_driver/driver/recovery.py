@@ -6,8 +6,9 @@ that module's docstring), run once before the plugin serves: records of an earli
 forgotten, unreadable files moved aside (:mod:`~dra_driver.driver.checkpoint`), GPU sharing
 re-applied or restored, MPS daemons adopted or stopped, dynamic MIG instances reconciled with the
 records (unprepares a crash cut short are finished), interrupted preparations rolled back,
-missing or differing CDI specs of prepared claims rewritten from their records, and specs of ours
-without a record removed.
+missing or differing CDI specs of prepared claims rewritten from their records, specs of ours
+without a record removed, and the GPUs the prepared claims hold handed to the slices' set ranks
+(:mod:`dra_driver.devices.holdings`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dra_driver import logs
-from dra_driver.driver import checkpoint, claims, sharing
+from dra_driver.driver import checkpoint, claims, inventory, sharing
 
 if TYPE_CHECKING:
     from dra_driver.driver.state import ClaimState
@@ -64,11 +65,20 @@ def recover(state: ClaimState) -> None:
             state.ownership.reserve(ref_of(record), state._owned(allocated_of(record)))
         except (OSError, claims.ClaimError) as exc:
             clog.error("prepared claim is inconsistent after restart", error=str(exc))
-    known = {r.uid for r in state.store.records()}
+    records = state.store.records()
+    known = {r.uid for r in records}
     for uid in state.specs.claim_uids_on_disk():
         if uid not in known:
             state.specs.remove(uid)
             state.log.info("removed a CDI spec of ours without a prepared claim", claim_uid=uid)
+    # The slices' set ranks start from what the prepared claims hold (the first write is right).
+    state.held.reset(
+        {
+            r.uid: held_by(r, state.devices)
+            for r in records
+            if r.state == checkpoint.PREPARE_COMPLETED
+        }
+    )
 
 
 def _recover_sharing(
@@ -106,6 +116,32 @@ def allocated_of(record: checkpoint.ClaimRecord) -> list[claims.AllocatedDevice]
         )
         for d in record.devices
     ]
+
+
+def refresh_held(state: ClaimState) -> bool:
+    """Re-read which GPUs prepared claims hold from the checkpoint, which every instance of the
+    agent on this node shares: during a seamless upgrade the kubelet may prepare through the
+    instance that does not publish. A claim this instance is preparing right now (its record
+    not yet completed) keeps what it holds here. Returns whether the held set changed."""
+    records = state.store.records()
+    fresh = {
+        r.uid: held_by(r, state.devices) for r in records if r.state == checkpoint.PREPARE_COMPLETED
+    }
+    for uid, gpus in state.held.claims().items():
+        if uid not in fresh and any(r.uid == uid for r in records):
+            fresh[uid] = gpus
+    return state.held.reset(fresh)
+
+
+def held_by(record: checkpoint.ClaimRecord, devices: inventory.Inventory) -> frozenset[str]:
+    """The full GPUs a record's claim holds (names): its GPUs and GPU shares, a set's members,
+    a MIG device's parent; a device with admin access holds nothing (others may have it too)."""
+    held: set[str] = set()
+    for dev in record.devices:
+        known = None if dev.adminAccess else devices.get(dev.deviceName)
+        if known is not None:
+            held.update(known.gpu_names)
+    return frozenset(held)
 
 
 def _same_spec(path: Path, spec: dict[str, object]) -> bool:

@@ -10,11 +10,12 @@ Order of effects (crash-safety argument):
 prepare:   checkpoint PrepareStarted (carries the sharing intent, the MPS daemon and the dynamic
            MIG instances to create) → apply GPU sharing (:mod:`~dra_driver.driver.sharing`) →
            MPS daemon running (:mod:`~dra_driver.driver.mpsclaims`) → create MIG instances
-           (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint PrepareCompleted
+           (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint PrepareCompleted →
+           mark its GPUs held (:mod:`~dra_driver.devices.holdings`; the slices follow, later)
 unprepare: restore GPU sharing defaults → destroy MIG instances → remove CDI spec → delete
-           checkpoint record → release ownership → stop the MPS daemon if no claim record uses
-           it any more (decided after the record is gone, so of claims unprepared together the
-           last one stops it)
+           checkpoint record → release ownership and held GPUs → stop the MPS daemon if no
+           claim record uses it any more (decided after the record is gone, so of claims
+           unprepared together the last one stops it)
 start-up:  (:mod:`~dra_driver.driver.recovery`) sharing of completed records re-applied, of
            PrepareStarted ones restored (and, when a claim file was unreadable, every GPU no
            readable record holds is put back to its defaults); MPS daemons of completed records
@@ -43,6 +44,7 @@ import structlog
 
 from dra_driver import logs
 from dra_driver.apimachinery import taints
+from dra_driver.devices import holdings
 from dra_driver.driver import (
     cdi,
     checkpoint,
@@ -100,9 +102,12 @@ class ClaimState:
         mig_instances: mig_mod.MigInstances | None = None,
         device_taints: DeviceTaints | None = None,
         mps: mpsclaims.MpsClaims | None = None,
+        held_gpus: holdings.HeldGpus | None = None,
     ) -> None:
         """``device_taints``: a device's taints now; a claim whose request does not tolerate
-        one (NoSchedule / NoExecute) is refused, naming the taint and why it is there."""
+        one (NoSchedule / NoExecute) is refused, naming the taint and why it is there.
+        ``held_gpus`` is told which full GPUs each prepared claim holds (the slices' set ranks
+        follow it): after every prepare, unprepare and rollback, and by :meth:`recover`."""
         self.api = api
         self.driver_name = driver_name
         self.pool_name = pool_name
@@ -116,6 +121,7 @@ class ClaimState:
         self.mig = mig_instances or mig_mod.MigInstances(control=None, devices=devices, log=log)
         self.device_taints = device_taints
         self.mps = mps
+        self.held = held_gpus or holdings.HeldGpus()
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -177,6 +183,7 @@ class ClaimState:
                         f"{cause}; rolling back left: {'; '.join(problems)}"
                     ) from exc
                 raise
+            self.held.hold(ref.uid, recovery.held_by(record, self.devices))  # never waits
             # Debug: the driver loop logs one info event per request (result, devices, time).
             clog.debug(
                 "prepared claim",
@@ -222,6 +229,7 @@ class ClaimState:
         self._remove_spec(ref)
         self.store.delete(ref.uid)
         self.ownership.release(ref.uid)
+        self.held.release(ref.uid)
         if record is not None and self.mps is not None:
             self.mps.release(record)
 
@@ -249,6 +257,7 @@ class ClaimState:
             if os.path.lexists(self.store.path(ref.uid)):
                 problems.append(str(exc))
         self.ownership.release(ref.uid)
+        self.held.release(ref.uid)
         if record is not None and self.mps is not None:
             self.mps.release(record)  # never raises; a daemon it cannot stop is retried
         if problems:

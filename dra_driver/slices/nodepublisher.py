@@ -2,11 +2,12 @@
 
 Why it exists: the agent does not just run a :class:`~dra_driver.slices.publisher.Publisher`.
 It runs it only while it holds the node's publisher lock (:mod:`~dra_driver.slices.leader`: one
-publisher among the node's agent instances), keeps the desired set following GPU health
-(:mod:`~dra_driver.slices.republish`: device taints), and turns what the publisher reports into
-readiness: :meth:`NodePublisher.published` is true while our slices are published — by us, with
-reconciles succeeding and the watch open, failures tolerated for ``grace_s``
-(:class:`~dra_driver.health_server.Grace`) — or by the other instance while we stand by.
+publisher among the node's agent instances), keeps the desired set following GPU health and the
+GPUs prepared claims hold (:mod:`~dra_driver.slices.republish`: device taints, set ranks), and
+turns what the publisher reports into readiness: :meth:`NodePublisher.published` is true while
+our slices are published — by us, with reconciles succeeding and the watch open, failures
+tolerated for ``grace_s`` (:class:`~dra_driver.health_server.Grace`) — or by the other instance
+while we stand by.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import structlog
 
 from dra_driver import health_server
 from dra_driver import metrics as metrics_mod
-from dra_driver.devices import health, migprofiles, model
+from dra_driver.devices import health, holdings, migprofiles, model
 from dra_driver.kube import api as kube
 from dra_driver.slices import leader, publisher, republish, shares, taints
 
@@ -42,14 +43,16 @@ class NodePublisher:
         dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
         shareable: shares.Shareable = shares.NONE,
         gpu_sets: bool = True,
+        held: holdings.HeldGpus | None = None,
     ) -> None:
         """Raises :class:`~dra_driver.slices.build.BuildError` when no slice can be built.
         ``grace_s``: how long publishing may fail before :meth:`published` says no;
-        ``board``: GPU health, published as device taints (re-published on every change)."""
+        ``board``: GPU health, published as device taints; ``held``: the full GPUs prepared
+        claims hold, left out of the set ranks (both re-published on every change)."""
         self.metrics = metrics
         self.reconciles = health_server.Grace(grace_s)
         self.watches = health_server.Grace(grace_s, ready=True)
-        snap = board.snapshot() if board is not None else None
+        inputs = republish.current(board, held)  # the first build's; the follower goes on
         self.publisher = publisher.start_node_publisher(
             start=False,
             api=api,
@@ -60,17 +63,19 @@ class NodePublisher:
             on_pass=self._passed,
             on_watch=lambda ok: self.watches.ok() if ok else self.watches.failed(),
             watch_timeout_s=watch_timeout_s,
-            decorate=taints.decorator(snap, driver_name) if snap else None,
+            decorate=taints.decorator(inputs.health, driver_name) if board else None,
             dynamic_mig=dynamic_mig,
             shareable=shareable,
             gpu_sets=gpu_sets,
+            taken=inputs.held.held,
         )
-        self.follower: republish.HealthRepublisher | None = None
-        if board is not None and snap is not None:  # the desired set follows health always
+        self.follower: republish.Republisher | None = None
+        if board is not None or held is not None:  # the desired set follows them always
             self.follower = republish.follow(
                 self.publisher,
                 board=board,
-                built_at_version=snap.version,
+                held=held,
+                built_from=inputs,
                 devices=devices,
                 node_name=node_name,
                 driver_name=driver_name,
@@ -78,6 +83,7 @@ class NodePublisher:
                 dynamic_mig=dynamic_mig,
                 shareable=shareable,
                 gpu_sets=gpu_sets,
+                metrics=metrics,
             )
         self.lock = leader.PublisherLock(lock_file, log=log)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from dra_driver import logs
@@ -390,11 +390,13 @@ def start_node_publisher(
     decorate: Callable[[list[api.Obj]], None] | None = None,
     shareable: shares.Shareable = shares.NONE,
     gpu_sets: bool = True,
+    taken: Collection[str] = (),
 ) -> Publisher:
     """Build the node's slices from ``devices`` and keep them published (the node agent's hook;
     ``start=False``: the caller starts it, e.g. once it holds the node's publisher lock).
 
-    ``decorate``: a pass over the devices before they become slices (device taints).
+    ``decorate``: a pass over the devices before they become slices (device taints); ``taken``:
+    the full GPUs prepared claims hold (left out of the set ranks).
     Raises :class:`~dra_driver.slices.build.BuildError` when the names cannot make a slice.
     """
     result = build.build(
@@ -405,6 +407,7 @@ def start_node_publisher(
         dynamic_mig=dynamic_mig,
         shareable=shareable,
         gpu_sets=gpu_sets,
+        taken=taken,
     )
     publisher = Publisher(
         kube=api,

@@ -1,25 +1,41 @@
-"""Re-hand the node's desired ResourceSlices to the publisher whenever GPU health changes.
+"""Re-hand the node's desired ResourceSlices to the publisher whenever GPU health or the GPUs held
+by prepared claims change.
 
 Why it exists: an unhealthy GPU must show up as a device taint in the published slices within
-seconds, and a recovered one must lose it. The publisher is declarative (``set_desired``: the
-complete desired set; it writes only what differs and bumps the pool generation once per
-change), so all this does is rebuild the desired set under the board's current health and hand it
-over — in its own thread, because board subscribers must return at once. Health changes that do
-not change any taint rebuild byte-identical slices, and the publisher writes nothing.
+seconds, and a recovered one must lose it; and every full GPU's set ranks (``setRank<N>``,
+docs/topology.md) are ranks among the *free* GPUs, so they must follow the claims this agent
+prepares and unprepares (:mod:`dra_driver.devices.holdings`). The publisher is declarative
+(``set_desired``: the complete desired set; it writes only what differs and bumps the pool
+generation once per change), so all this does is rebuild the desired set from the current health
+and holdings and hand it over — in its own thread: the sources' subscribers must return at once,
+and a prepare must never wait for a rebuild or an API write (it only marks the change).
+
+Bursts coalesce: a change of holdings waits ``settle_s`` for the rest of its burst (32 claims
+prepared at once), then one rebuild takes the newest state, and the publisher writes the newest
+desired set it has when its pass runs. Health changes are rebuilt at once (a failing GPU's taint
+is urgent). A change that alters no slice rebuilds byte-identical slices: the publisher writes
+nothing. A rebuild that raises is logged and skipped; the last good set stays published and the
+next change is rebuilt as usual.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import structlog
 
-from dra_driver.devices import health, migprofiles, model
+from dra_driver import metrics as metrics_mod
+from dra_driver.devices import health, holdings, migprofiles, model
 from dra_driver.slices import build, shares, taints
 
 Obj = dict[str, Any]
+SETTLE_S = 0.1  # how long a change of holdings waits for the rest of its burst
+NO_HEALTH = health.Snapshot(version=0, unhealthy=MappingProxyType({}))
+NO_HOLDINGS = holdings.Snapshot(version=0, held=frozenset())
 
 
 class Desired(Protocol):
@@ -28,40 +44,70 @@ class Desired(Protocol):
     def stop(self) -> None: ...
 
 
-class HealthRepublisher:
-    """Follows ``board``; on each change hands ``rebuild(snapshot)`` to ``publisher``.
-    :meth:`stop` stops following, then the publisher."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Inputs:
+    """What the desired slices are built from besides the hardware."""
+
+    health: health.Snapshot = NO_HEALTH
+    held: holdings.Snapshot = NO_HOLDINGS
+
+    @property
+    def versions(self) -> tuple[int, int]:
+        return self.health.version, self.held.version
+
+
+def current(board: health.HealthBoard | None, held: holdings.HeldGpus | None) -> Inputs:
+    """The sources' state now (a missing source: nothing unhealthy, nothing held)."""
+    return Inputs(
+        health=board.snapshot() if board is not None else NO_HEALTH,
+        held=held.snapshot() if held is not None else NO_HOLDINGS,
+    )
+
+
+class Republisher:
+    """Follows ``board`` and ``held``; on each change hands ``rebuild(inputs)`` to
+    ``publisher``. :meth:`stop` stops following, then the publisher."""
 
     def __init__(
         self,
         *,
         publisher: Desired,
-        rebuild: Callable[[health.Snapshot], list[Obj]],
-        board: health.HealthBoard,
+        rebuild: Callable[[Inputs], list[Obj]],
         log: structlog.typing.FilteringBoundLogger,
-        built_at_version: int,
+        built_from: Inputs,
+        board: health.HealthBoard | None = None,
+        held: holdings.HeldGpus | None = None,
+        settle_s: float = SETTLE_S,
+        metrics: metrics_mod.DriverMetrics | None = None,
     ) -> None:
-        """``built_at_version``: the board version the publisher's current desired set was
-        built from (a change between that build and :meth:`start` is not missed)."""
+        """``built_from``: the inputs the publisher's current desired set was built from (a
+        change between that build and :meth:`start` is not missed)."""
         self._publisher = publisher
         self._rebuild = rebuild
         self._board = board
+        self._held = held
         self._log = log
-        self._version = built_at_version
+        self._built = built_from
+        self._last: list[Obj] | None = None  # the set last handed over, once known
+        self._settle_s = settle_s
+        self._metrics = metrics
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._unsubscribe: Callable[[], None] | None = None
-        self._thread = threading.Thread(target=self._run, name="slice-health", daemon=True)
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._thread = threading.Thread(target=self._run, name="slice-republish", daemon=True)
+        self.rebuilds = 0  # rebuilds handed to the publisher (tests)
 
     def start(self) -> None:
-        self._unsubscribe = self._board.subscribe(lambda snap: self._wake.set())
-        if self._board.snapshot().version != self._version:
+        for source in (self._board, self._held):
+            if source is not None:
+                self._unsubscribe.append(source.subscribe(lambda snap: self._wake.set()))
+        if current(self._board, self._held).versions != self._built.versions:
             self._wake.set()
         self._thread.start()
 
     def stop(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive():
@@ -73,59 +119,130 @@ class HealthRepublisher:
             self._wake.wait()
             if self._stop.is_set():
                 return
+            health_now = self._board.snapshot().version if self._board is not None else 0
+            if health_now == self._built.health.version:
+                self._stop.wait(self._settle_s)  # holdings only: one rebuild for the burst
+                if self._stop.is_set():
+                    return
             self._wake.clear()
-            snap = self._board.snapshot()
-            if snap.version == self._version:
-                continue
-            try:
-                slices = self._rebuild(snap)
-            except Exception as exc:  # keep following; the last good set stays published
-                self._log.error(
-                    "cannot rebuild ResourceSlices after a health change", error=repr(exc)
-                )
-                continue
-            self._version = snap.version
+            now = current(self._board, self._held)
+            if now.versions != self._built.versions:
+                self._republish(now)
+
+    def _republish(self, now: Inputs) -> None:
+        health_changed = now.health.version != self._built.health.version
+        held_changed = now.held.version != self._built.held.version
+        if held_changed and self._last is None:
+            self._last = self._baseline()
+        try:
+            slices = self._rebuild(now)
+        except Exception as exc:  # keep following; the last good set stays published
+            self._log.error(
+                "cannot rebuild ResourceSlices after a health change"
+                if health_changed
+                else "cannot rebuild ResourceSlices after the GPUs held by claims changed",
+                error=repr(exc),
+            )
+            return
+        if health_changed:
             self._log.info(
                 "GPU health changed; re-publishing ResourceSlices",
-                health_version=snap.version,
-                unhealthy=sorted(snap.unhealthy),
+                health_version=now.health.version,
+                unhealthy=sorted(now.health.unhealthy),
             )
-            self._publisher.set_desired(slices)
+        if held_changed and slices != self._last:
+            self._log.info(
+                "GPUs held by prepared claims changed; re-publishing ResourceSlices",
+                held_version=now.held.version,
+                held=sorted(now.held.held, key=_natural),
+            )
+        if self._metrics is not None:
+            self._metrics.slices_rebuilt(
+                health=health_changed, claims=held_changed, held_gpus=len(now.held.held)
+            )
+        self._built, self._last = now, slices
+        self.rebuilds += 1
+        self._publisher.set_desired(slices)
+
+    def _baseline(self) -> list[Obj] | None:
+        """The set the publisher has (built from ``built_from``), to tell whether a change of
+        holdings changed it; None when it cannot be rebuilt."""
+        try:
+            return self._rebuild(self._built)
+        except Exception:  # the change is then taken to change the slices
+            return None
+
+
+def rebuilder(
+    devices: model.NodeDevices,
+    *,
+    node_name: str,
+    driver_name: str,
+    tainted: bool = True,
+    dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
+    shareable: shares.Shareable = shares.NONE,
+    gpu_sets: bool = True,
+) -> Callable[[Inputs], list[Obj]]:
+    """``devices``' desired slices for given inputs: the taints of their health (unless
+    ``tainted`` is false: no health source), the set ranks of the GPUs they leave free."""
+
+    def rebuild(inputs: Inputs) -> list[Obj]:
+        return build.build(
+            devices,
+            node_name=node_name,
+            driver_name=driver_name,
+            decorate=taints.decorator(inputs.health, driver_name) if tainted else None,
+            dynamic_mig=dynamic_mig,
+            shareable=shareable,
+            gpu_sets=gpu_sets,
+            taken=inputs.held.held,
+        ).slices
+
+    return rebuild
 
 
 def follow(
     publisher: Desired,
     *,
-    board: health.HealthBoard,
-    built_at_version: int,
+    built_from: Inputs,
     devices: model.NodeDevices,
     node_name: str,
     driver_name: str,
     log: structlog.typing.FilteringBoundLogger,
+    board: health.HealthBoard | None = None,
+    held: holdings.HeldGpus | None = None,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     shareable: shares.Shareable = shares.NONE,
     gpu_sets: bool = True,
-) -> HealthRepublisher:
-    """Start re-publishing ``devices``' slices with the taints of ``board`` on every change
-    (``shareable`` GPUs stay published with their consumable capacity)."""
-
-    def rebuild(snapshot: health.Snapshot) -> list[Obj]:
-        return build.build(
+    settle_s: float = SETTLE_S,
+    metrics: metrics_mod.DriverMetrics | None = None,
+) -> Republisher:
+    """Start re-publishing ``devices``' slices with the taints of ``board`` and the set ranks of
+    the GPUs ``held`` leaves free, on every change of either (``shareable`` GPUs stay
+    published with their consumable capacity)."""
+    follower = Republisher(
+        publisher=publisher,
+        rebuild=rebuilder(
             devices,
             node_name=node_name,
             driver_name=driver_name,
-            decorate=taints.decorator(snapshot, driver_name),
+            tainted=board is not None,
             dynamic_mig=dynamic_mig,
             shareable=shareable,
             gpu_sets=gpu_sets,
-        ).slices
-
-    follower = HealthRepublisher(
-        publisher=publisher,
-        rebuild=rebuild,
+        ),
         board=board,
+        held=held,
         log=log,
-        built_at_version=built_at_version,
+        built_from=built_from,
+        settle_s=settle_s,
+        metrics=metrics,
     )
     follower.start()
     return follower
+
+
+def _natural(name: str) -> tuple[int, str]:
+    """``gpu-2`` before ``gpu-10``."""
+    head, _, tail = name.rpartition("-")
+    return (int(tail), head) if tail.isdigit() else (-1, name)

@@ -48,7 +48,7 @@ def running() -> Iterator[tuple[memory.InMemoryApi, health.HealthBoard, Any]]:
     follower = republish.follow(
         pub,
         board=board,
-        built_at_version=snap.version,
+        built_from=republish.Inputs(health=snap),
         devices=devices,
         node_name=NODE,
         driver_name=DRIVER,
@@ -72,9 +72,9 @@ def test_a_taint_change_is_one_update_and_one_generation(running: Any) -> None:
         lambda: any(d.get("taints") for s in slices(api) for d in s["spec"].get("devices", []))
     )
     wait_for(pub.synced.is_set)
-    # One pass: every slice of the pool rewritten once with the next generation (the counter
-    # slice and the two device slices of a DGX H100 with its GPU sets).
-    assert api.writes == writes + len(slices(api)) == writes + 3
+    # One pass: every slice of the pool rewritten once with the next generation (a DGX H100's
+    # eight GPUs fit one slice).
+    assert api.writes == writes + len(slices(api)) == writes + 1
     assert {s["spec"]["pool"]["generation"] for s in slices(api)} == {2}
 
 
@@ -108,12 +108,12 @@ def test_a_change_before_start_is_not_missed_and_stop_stops_the_publisher() -> N
     board = health.HealthBoard()
     board.mark_unhealthy("GPU-x")  # after the publisher's first build (version 0)
     recording = Recording()
-    follower = republish.HealthRepublisher(
+    follower = republish.Republisher(
         publisher=recording,
-        rebuild=lambda snap: [{"version": snap.version}],
+        rebuild=lambda inputs: [{"version": inputs.health.version}],
         board=board,
         log=logs.get("test"),
-        built_at_version=0,
+        built_from=republish.Inputs(),  # version 0
     )
     follower.start()
     wait_for(lambda: recording.handed)
@@ -127,14 +127,18 @@ def test_a_failing_rebuild_keeps_following() -> None:
     recording = Recording()
     calls: list[int] = []
 
-    def rebuild(snap: health.Snapshot) -> list[Obj]:
-        calls.append(snap.version)
+    def rebuild(inputs: republish.Inputs) -> list[Obj]:
+        calls.append(inputs.health.version)
         if len(calls) == 1:
             raise build.BuildError("broken once")
-        return [{"version": snap.version}]
+        return [{"version": inputs.health.version}]
 
-    follower = republish.HealthRepublisher(
-        publisher=recording, rebuild=rebuild, board=board, log=logs.get("test"), built_at_version=0
+    follower = republish.Republisher(
+        publisher=recording,
+        rebuild=rebuild,
+        board=board,
+        log=logs.get("test"),
+        built_from=republish.Inputs(),
     )
     follower.start()
     board.mark_unhealthy("GPU-x")
@@ -165,7 +169,7 @@ def test_shareable_gpus_stay_shareable_when_a_taint_is_republished() -> None:
     follower = republish.follow(
         pub,
         board=board,
-        built_at_version=snap.version,
+        built_from=republish.Inputs(health=snap),
         devices=devices,
         node_name=NODE,
         driver_name=DRIVER,
@@ -181,10 +185,9 @@ def test_shareable_gpus_stay_shareable_when_a_taint_is_republished() -> None:
         published = [d for s in slices(api) for d in s["spec"].get("devices", [])]
         gpus = [d for d in published if d["attributes"]["type"] == {"string": "gpu"}]
         assert len(gpus) == 8 and all(d.get("allowMultipleAllocations") for d in gpus)
-        assert all(d["consumesCounters"] for d in gpus)  # shares still hold their GPU's counter
-        tainted = [d["name"] for d in published if d.get("taints")]
-        assert tainted[0] == "gpu-1" and len(tainted) > 1  # and every GPU set holding gpu-1
-        assert all("-1-" in f"{n}-" for n in tainted[1:])
+        assert all(d["capacity"]["memory"].get("requestPolicy") for d in gpus)
+        assert [d["name"] for d in published if d.get("taints")] == ["gpu-1"]
+        assert gpus[1]["attributes"]["setRank2"] == {"int": 0}  # a tainted GPU is in no set
     finally:
         follower.stop()
 
