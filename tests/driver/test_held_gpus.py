@@ -251,9 +251,12 @@ def test_claims_another_instance_prepared_are_held_after_the_periodic_clean_up(
     free = expected("dgx-h100", 4)
     devices = fake.FakeBackend.from_name(node.profile).discover()
     other = app.build_driver(
-        dataclasses.replace(node.settings, pod_uid="new-pod"), devices=devices, api=node.api, log=logs.get("test"),
+        dataclasses.replace(node.settings, pod_uid="new-pod"),
+        devices=devices,
+        api=node.api,
+        log=logs.get("test"),
         held_gpus=holdings.HeldGpus(),
-    )  # fmt: skip
+    )
     try:
         ref = node.add(claim_obj(name="quad", uid=new_uid(), devices=list(QUAD)))
         assert other.prepare([ref])[ref.uid].error == ""
