@@ -3,7 +3,9 @@
 Lets an operator see exactly what the scheduler will be told about a node — device names,
 attributes, topology, how the pool is split — before anything is sent, and apply it by hand
 (``dra-driver slices --node-name n1 --fake dgx-h100 | kubectl apply -f -``). Output is
-deterministic: the same hardware gives byte-identical YAML.
+deterministic: the same hardware gives byte-identical YAML. Standard error gets the warnings
+and one line per node saying what it publishes (:func:`summaries`), e.g.
+``node n1: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 2-7 GPUs)``.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import yaml
 
 from dra_driver import cli
 from dra_driver.cli import common
 from dra_driver.devices import backend
-from dra_driver.slices import build
+from dra_driver.slices import build, gpusets
 
 
 def add_identity_flags(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         return common.fail(str(exc))
     for problem in result.problems:
         print(f"dra-driver: warning: {problem}", file=sys.stderr)
+    for line in summaries(result.slices):
+        print(line, file=sys.stderr)
     print(render(result.slices, args.output), end="")
     return 0
 
@@ -81,3 +87,65 @@ def render(slices: list[build.Obj], output: str = "yaml") -> str:
         doc = {"apiVersion": "v1", "kind": "List", "items": slices}
         return json.dumps(doc, indent=2) + "\n"
     return yaml.safe_dump_all(slices, sort_keys=False, explicit_start=True)
+
+
+def summaries(slices: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per node (in the order of its first slice): how many devices it publishes, in
+    how many ResourceSlices, and of which kinds — GPUs (shareable ones), MIG devices, dynamic
+    MIG placements, the set sizes its GPUs are ranked for, counter sets."""
+    by_node: dict[str, list[Mapping[str, Any]]] = {}
+    for obj in slices:
+        spec = obj.get("spec") or {}
+        node = spec.get("nodeName") or (spec.get("pool") or {}).get("name") or "?"
+        by_node.setdefault(str(node), []).append(obj)
+    return [_summary(node, objs) for node, objs in by_node.items()]
+
+
+def _summary(node: str, slices: Sequence[Mapping[str, Any]]) -> str:
+    specs = [obj.get("spec") or {} for obj in slices]
+    devices = [d for spec in specs for d in spec.get("devices") or ()]
+    counter_sets = sum(len(spec.get("sharedCounters") or ()) for spec in specs)
+    gpus = [d for d in devices if _type(d) == "gpu"]
+    migs = [d for d in devices if _type(d) == "mig"]
+    placements = sum("consumesCounters" in d for d in migs)  # dynamic: no instance yet
+    shareable = sum(bool(d.get("allowMultipleAllocations")) for d in gpus)
+    kinds: list[str] = []
+    if gpus:
+        kinds.append(_count(len(gpus), "GPU") + (f", {shareable} shareable" if shareable else ""))
+    if len(migs) > placements:
+        kinds.append(_count(len(migs) - placements, "MIG device"))
+    if placements:
+        kinds.append(_count(placements, "dynamic MIG placement"))
+    others = len(devices) - len(gpus) - len(migs)
+    if others:
+        kinds.append(_count(others, "other device"))
+    parts = [", ".join(kinds)] if kinds else []
+    sizes = _rank_sizes(gpus)
+    if sizes:
+        span = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+        parts.append(f"set ranks for {span} GPUs")
+    elif gpus:
+        parts.append("no set ranks")
+    if counter_sets:
+        parts.append(_count(counter_sets, "counter set"))
+    detail = f" ({'; '.join(parts)})" if parts else ""
+    return (
+        f"node {node}: {_count(len(devices), 'device')} in "
+        f"{_count(len(slices), 'ResourceSlice')}{detail}"
+    )
+
+
+def _rank_sizes(gpus: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The set sizes the GPUs carry ``setRank<N>`` attributes for, ascending."""
+    prefix = gpusets.RANK_PREFIX
+    found = {k for d in gpus for k in d.get("attributes") or {} if k.startswith(prefix)}
+    return sorted(int(k[len(prefix) :]) for k in found if k[len(prefix) :].isdigit())
+
+
+def _type(device: Mapping[str, Any]) -> str | None:
+    value = ((device.get("attributes") or {}).get("type") or {}).get("string")
+    return value if isinstance(value, str) else None
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")

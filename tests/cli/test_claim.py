@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -12,6 +13,8 @@ import yaml
 
 from dra_driver import cli, examples
 from dra_driver.allocation import claimgen
+from dra_driver.devices import fake
+from dra_driver.slices import build
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -20,24 +23,53 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_best_is_a_ladder_of_one_gpu_set_then_any_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+def test_best_is_a_ladder_of_ranked_gpus_then_any_gpus(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--gpus", "4")
     assert code == 0
     obj = yaml.safe_load(out)
     assert obj["kind"] == "ResourceClaim" and obj["metadata"] == {"name": "gpus-4"}
     (request,) = obj["spec"]["devices"]["requests"]
     assert request["name"] == "gpus"
-    first, second = request["firstAvailable"]
-    assert first["deviceClassName"] == "gpu-set.nvidia.com" and first["count"] == 1
-    assert first["selectors"] == [
-        {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].gpuCount == 4'}}
-    ]
-    assert second == {
-        "name": "any",
-        "deviceClassName": "gpu.nvidia.com",
-        "allocationMode": "ExactCount",
-        "count": 4,
-    }
+    plain = {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 4}
+    assert request["firstAvailable"] == [
+        {
+            "name": f"rank{rank}",
+            **plain,
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": 'device.attributes["gpu.nvidia.com"]'
+                        f".?setRank4.orValue(0) == {rank}"
+                    }
+                }
+            ],
+        }
+        for rank in (1, 2)  # an 8-GPU node holds two disjoint quads
+    ] + [{"name": "any", **plain}]
+    assert "gpu-set" not in out and "gpuCount" not in out  # only the plain GPU class
+
+
+@pytest.mark.parametrize(
+    ("gpus", "ranks"), [(2, 4), (3, 2), (4, 2), (5, 1), (7, 1), (8, 1), (16, 1)]
+)
+def test_the_ladder_asks_for_as_many_ranks_as_an_eight_gpu_node_has_sets(
+    gpus: int, ranks: int
+) -> None:
+    (request,) = claimgen.spec(gpus)["devices"]["requests"]
+    names = [alt["name"] for alt in request["firstAvailable"]]
+    assert names == [f"rank{r}" for r in range(1, ranks + 1)] + ["any"]
+    assert len(names) <= 8  # the API's limit on firstAvailable
+    assert all(alt["count"] == gpus for alt in request["firstAvailable"])
+    custom = claimgen.spec(gpus, driver_name="gpu.example.com")["devices"]["requests"][0]
+    expression = custom["firstAvailable"][0]["selectors"][0]["cel"]["expression"]
+    assert expression == f'device.attributes["gpu.example.com"].?setRank{gpus}.orValue(0) == 1'
+
+
+def test_the_rank_attribute_is_the_one_the_slices_publish() -> None:
+    from dra_driver.slices import gpusets
+
+    assert claimgen.RANK_PREFIX == gpusets.RANK_PREFIX
+    assert f"{claimgen.RANK_PREFIX}4" == gpusets.rank_attribute(4)
 
 
 @pytest.mark.parametrize("mode", claimgen.MODES)
@@ -89,6 +121,36 @@ def test_shipped_examples_are_what_the_generator_writes() -> None:
         assert claim_doc == claimgen.claim(gpus, template=template, name=name), name
         command = f"dra-driver claim --gpus {gpus}" + (" --template" if template else "")
         assert f"{command} --name {name}" in examples.text(name)
+
+
+def test_the_shipped_quad_gets_the_best_free_quad_from_ranked_slices(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """On a DGX-1 whose gpu-0 is held, the agent ranks gpu-4..gpu-7 first for 4 GPUs; the
+    scheduler's search (``simulate``) then gives the example claim exactly those."""
+    devices = fake.FakeBackend.from_name("dgx-1-v100").discover()
+    slices = build.build(devices, node_name="n1", taken={"gpu-0"}).slices
+    (tmp_path / "slices.yaml").write_text(yaml.safe_dump_all(slices))
+    held = {
+        "results": [{"request": "x", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0"}]
+    }
+    (tmp_path / "held.yaml").write_text(yaml.safe_dump(held))
+    (tmp_path / "claim.yaml").write_text(examples.text("four-best-gpus"))
+    code = cli.main(
+        [
+            "simulate",
+            str(tmp_path / "claim.yaml"),
+            "--slices",
+            str(tmp_path / "slices.yaml"),
+            "--allocated",
+            str(tmp_path / "held.yaml"),
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    results = yaml.safe_load(out)["devices"]["results"]
+    assert [r["device"] for r in results] == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+    assert {r["request"] for r in results} == {"gpus/rank1"}
 
 
 def test_runs_as_a_subprocess() -> None:

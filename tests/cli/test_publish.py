@@ -49,10 +49,11 @@ def test_once_publishes_then_writes_nothing(
     assert first.returncode == 0, first.stderr
     stored = sorted(server.api.all_resource_slices(), key=lambda s: s["metadata"]["name"])
     assert all(obj["metadata"]["ownerReferences"][0]["uid"] == "uid-n1" for obj in stored)
-    # A slice of per-GPU counters, then the 8 GPUs and the 83 GPU sets of a DGX H100.
-    assert "sharedCounters" in stored[0]["spec"]
-    devices = [d["name"] for obj in stored[1:] for d in obj["spec"]["devices"]]
-    assert devices[:8] == [f"gpu-{i}" for i in range(8)] and len(devices) == 8 + 83
+    # One slice: the 8 GPUs of a DGX H100, each with its set ranks, no counters.
+    (only,) = stored
+    assert "sharedCounters" not in only["spec"]
+    assert [d["name"] for d in only["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
+    assert all("setRank7" in d["attributes"] for d in only["spec"]["devices"])
     server.api.reset_calls()
     again = subprocess.run(
         command(kubeconfig, "--once"), capture_output=True, text=True, timeout=60, check=False
@@ -96,15 +97,15 @@ def test_runs_until_sigterm_and_recreates_a_deleted_slice(
                 for s in server.api.all_resource_slices()
             }
 
-        while len(generations()) < 3:  # the whole pool: counters and two device slices
+        while len(generations()) < 1:  # the whole pool: one slice of 8 GPUs
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.02)
         server.api.remove_resource_slice("n1-gpu.nvidia.com-0")
-        # Recreated, and the whole pool moves to the next generation.
-        while set(generations().values()) != {2} or len(generations()) < 3:
+        # Recreated, and the pool moves to the next generation.
+        while set(generations().values()) != {2}:
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.02)
-        assert sorted(generations()) == [f"n1-gpu.nvidia.com-{i}" for i in range(3)]
+        assert generations() == {"n1-gpu.nvidia.com-0": 2}
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
@@ -121,8 +122,8 @@ def test_missing_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
 def test_once_without_gpu_sets_and_with_dynamic_mig(
     server: fakeserver.FakeApiServer, tmp_path: Path
 ) -> None:
-    """``publish`` takes the agent's publishing flags: ``--gpu-sets=false`` leaves out the sets
-    and the per-GPU counters, ``--dynamic-mig all`` adds the MIG placements and their counters."""
+    """``publish`` takes the agent's publishing flags: ``--gpu-sets=false`` leaves out the set
+    ranks, ``--dynamic-mig all`` adds the MIG placements and their counters."""
     kubeconfig = server.write_kubeconfig(tmp_path / "kc")
     flags = ("--once", "--gpu-sets=false", "--dynamic-mig", "all")
     done = subprocess.run(
@@ -131,10 +132,11 @@ def test_once_without_gpu_sets_and_with_dynamic_mig(
     assert done.returncode == 0, done.stderr
     stored = server.api.all_resource_slices()
     counter_sets = {c["name"] for s in stored for c in s["spec"].get("sharedCounters", [])}
-    assert counter_sets == {f"gpu-{i}-mig" for i in range(8)}  # no "gpus": no GPU sets
+    assert counter_sets == {f"gpu-{i}-mig" for i in range(8)}  # one per dynamic GPU only
     devices = [d for s in stored for d in s["spec"].get("devices", [])]
     kinds = {d["attributes"]["type"]["string"] for d in devices}
     assert kinds == {"gpu", "mig"}
+    assert not any(k.startswith("setRank") for d in devices for k in d["attributes"])
     bad = subprocess.run(
         command(kubeconfig, "--once", "--dynamic-mig", "("),
         capture_output=True,

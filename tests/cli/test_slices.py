@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -28,15 +29,21 @@ def test_dgx_h100_prints_valid_multi_document_yaml_identically_every_time() -> N
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout  # byte-identical across runs
     docs = list(yaml.safe_load_all(first.stdout))
-    # The per-GPU counters, then 64 devices (the limit once they consume counters), then 27.
-    assert first.stdout.startswith("---\n") and len(docs) == 3
-    for doc in docs:
-        assert kubernetes_validate.validate(doc, "1.37.0", strict=True)
-    assert "sharedCounters" in docs[0]["spec"]
-    devices = [d for doc in docs[1:] for d in doc["spec"]["devices"]]
-    gpus = [d for d in devices if d["attributes"]["type"]["string"] == "gpu"]
-    islands = {d["attributes"]["nvlinkIsland"]["string"] for d in gpus}
-    assert islands == {"island-0"} and len(gpus) == 8 and len(devices) == 8 + 83
+    # One slice: the 8 GPUs, each with its set ranks; no counters.
+    assert first.stdout.startswith("---\n") and len(docs) == 1
+    (doc,) = docs
+    assert kubernetes_validate.validate(doc, "1.37.0", strict=True)
+    assert "sharedCounters" not in doc["spec"]
+    gpus = doc["spec"]["devices"]
+    assert [d["name"] for d in gpus] == [f"gpu-{i}" for i in range(8)]
+    assert {d["attributes"]["type"]["string"] for d in gpus} == {"gpu"}
+    assert {d["attributes"]["nvlinkIsland"]["string"] for d in gpus} == {"island-0"}
+    assert all(d["attributes"]["setRank4"]["int"] in (1, 2) for d in gpus)
+    # The summary goes to stderr, so stdout stays what kubectl apply takes.
+    assert first.stderr == (
+        "node n1: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 2-7 GPUs)\n"
+    )
+    assert "node n1" not in first.stdout
 
 
 def test_nvl_pairs_two_islands_json_output_and_driver_name() -> None:
@@ -52,10 +59,15 @@ def test_nvl_pairs_two_islands_json_output_and_driver_name() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    counters, obj = doc["items"]
-    assert counters["spec"]["driver"] == obj["spec"]["driver"] == "gpu.example.com"
+    (obj,) = doc["items"]
+    assert obj["spec"]["driver"] == "gpu.example.com"
     gpus = [d for d in obj["spec"]["devices"] if d["attributes"]["type"]["string"] == "gpu"]
     assert len({d["attributes"]["nvlinkIsland"]["string"] for d in gpus}) == 2
+    # The bridged pairs are the ranked pairs.
+    assert [d["attributes"]["setRank2"]["int"] for d in gpus] == [1, 1, 2, 2]
+    assert proc.stderr.splitlines() == [
+        "node n1: 4 devices in 1 ResourceSlice (4 GPUs; set ranks for 2-3 GPUs)"
+    ]
 
 
 def test_large_profile_file_splits(tmp_path: Path) -> None:
@@ -69,11 +81,12 @@ def test_large_profile_file_splits(tmp_path: Path) -> None:
     proc = run("--node-name", "n1", "--fake-file", str(profile))
     assert proc.returncode == 0, proc.stderr
     docs = list(yaml.safe_load_all(proc.stdout))
-    # 130 GPUs: counter sets of 32 in the first slice, then 64 devices per slice (they consume
-    # counters); no GPU sets beyond 16 GPUs.
-    assert [len(d["spec"].get("devices", [])) for d in docs] == [0, 64, 64, 2]
-    assert len(docs[0]["spec"]["sharedCounters"]) == 5
-    assert {d["spec"]["pool"]["resourceSliceCount"] for d in docs} == {4}
+    # 130 GPUs: 128 devices per slice, no counters; no set ranks beyond 16 GPUs.
+    assert [len(d["spec"]["devices"]) for d in docs] == [128, 2]
+    assert not any("sharedCounters" in d["spec"] for d in docs)
+    assert "setRank" not in proc.stdout
+    assert {d["spec"]["pool"]["resourceSliceCount"] for d in docs} == {2}
+    assert proc.stderr == "node n1: 130 devices in 2 ResourceSlices (130 GPUs; no set ranks)\n"
 
 
 def test_usage_errors_are_one_clear_line() -> None:
@@ -92,13 +105,16 @@ def test_shareable_flag_and_its_environment_twin() -> None:
     by_env = run("--node-name", "n1", "--fake", "pcie-l4", env={**os.environ, "SHAREABLE": "all"})
     for proc in (by_flag, by_env):
         assert proc.returncode == 0, proc.stderr
-        counters, doc = yaml.safe_load_all(proc.stdout)
-        assert counters["spec"]["sharedCounters"][0]["name"] == "gpus"
+        (doc,) = yaml.safe_load_all(proc.stdout)
+        assert "sharedCounters" not in doc["spec"]
         assert kubernetes_validate.validate(doc, "1.37.0", strict=True)
         gpus = [d for d in doc["spec"]["devices"] if d["attributes"]["type"]["string"] == "gpu"]
         assert len(gpus) == 4 and all(d["allowMultipleAllocations"] for d in gpus)
         assert all("requestPolicy" in d["capacity"]["memory"] for d in gpus)
-        assert all(d["consumesCounters"] for d in gpus)
+        assert not any("consumesCounters" in d for d in gpus)
+        assert proc.stderr == (
+            "node n1: 4 devices in 1 ResourceSlice (4 GPUs, 4 shareable; set ranks for 2-3 GPUs)\n"
+        )
     plain = run("--node-name", "n1", "--fake", "pcie-l4")
     assert "allowMultipleAllocations" not in plain.stdout
     bad = run("--node-name", "n1", "--fake", "pcie-l4", "--shareable", "L4(")
@@ -106,9 +122,9 @@ def test_shareable_flag_and_its_environment_twin() -> None:
     assert "--shareable 'L4(': not none, all or a valid regular expression" in bad.stderr
 
 
-def test_without_gpu_sets_one_device_per_gpu_and_no_counters() -> None:
-    """``--gpu-sets=false`` / ``GPU_SETS=false``: what an API server without partitionable
-    devices can allocate safely; a bad value is a usage error naming it."""
+def test_without_gpu_sets_one_device_per_gpu_and_no_ranks() -> None:
+    """``--gpu-sets=false`` / ``GPU_SETS=false``: plain GPUs, no set ranks; a bad value is a
+    usage error naming it."""
     import os
 
     flag = run("--node-name", "n1", "--fake", "dgx-1-v100", "--gpu-sets=false")
@@ -121,7 +137,51 @@ def test_without_gpu_sets_one_device_per_gpu_and_no_counters() -> None:
     devices = doc["spec"]["devices"]
     assert len(devices) == 8 and not any("consumesCounters" in d for d in devices)
     assert {d["attributes"]["type"]["string"] for d in devices} == {"gpu"}
-    with_sets = run("--node-name", "n1", "--fake", "dgx-1-v100")
-    assert "gpu-set" in with_sets.stdout and "sharedCounters" in with_sets.stdout
+    assert "setRank" not in flag.stdout
+    assert flag.stderr == "node n1: 8 devices in 1 ResourceSlice (8 GPUs; no set ranks)\n"
+    with_ranks = run("--node-name", "n1", "--fake", "dgx-1-v100")
+    (ranked,) = list(yaml.safe_load_all(with_ranks.stdout))
+    # The same devices, each with setRank2 .. setRank7; still no set devices nor counters.
+    assert [d["name"] for d in ranked["spec"]["devices"]] == [d["name"] for d in devices]
+    for plain, full in zip(devices, ranked["spec"]["devices"], strict=True):
+        extra = set(full["attributes"]) - set(plain["attributes"])
+        assert extra == {f"setRank{n}" for n in range(2, 8)}
+    assert "gpu-set" not in with_ranks.stdout and "sharedCounters" not in with_ranks.stdout
     bad = run("--node-name", "n1", "--fake", "dgx-1-v100", "--gpu-sets=maybe")
     assert bad.returncode == 2 and "'maybe' is not true or false" in bad.stderr
+
+
+def test_the_summary_names_mig_devices_placements_and_counter_sets() -> None:
+    static = run("--node-name", "n1", "--fake", "a100-mig")
+    assert static.returncode == 0, static.stderr
+    assert static.stderr == "node n1: 5 devices in 1 ResourceSlice (5 MIG devices)\n"
+    dynamic = run("--node-name", "n1", "--fake", "h100-mig", "--dynamic-mig", "all", "-o", "json")
+    assert dynamic.returncode == 0, dynamic.stderr
+    items = json.loads(dynamic.stdout)["items"]
+    assert [bool(i["spec"].get("sharedCounters")) for i in items] == [True, False]
+    assert dynamic.stderr == (
+        "node n1: 52 devices in 2 ResourceSlices "
+        "(2 GPUs, 50 dynamic MIG placements; no set ranks; 2 counter sets)\n"
+    )
+
+
+def test_summaries_group_slices_by_node() -> None:
+    from dra_driver.cli import slices as slices_cli
+    from dra_driver.devices import fake
+    from dra_driver.slices import build
+
+    node = fake.FakeBackend.from_name("pcie-l4").discover()
+    both = [
+        *build.build(node, node_name="a", gpu_sets=False).slices,
+        *build.build(fake.FakeBackend.from_name("dgx-h100").discover(), node_name="b").slices,
+    ]
+    assert slices_cli.summaries(both) == [
+        "node a: 4 devices in 1 ResourceSlice (4 GPUs; no set ranks)",
+        "node b: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 2-7 GPUs)",
+    ]
+    empty = build.build(dataclasses.replace(node, gpus=()), node_name="c").slices
+    assert slices_cli.summaries(empty) == ["node c: 0 devices in 1 ResourceSlice"]
+    three = dataclasses.replace(node, gpus=node.gpus[:3])  # one size to rank: pairs
+    assert slices_cli.summaries(build.build(three, node_name="d").slices) == [
+        "node d: 3 devices in 1 ResourceSlice (3 GPUs; set ranks for 2 GPUs)"
+    ]

@@ -4,15 +4,16 @@ split within the API limits."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import kubernetes_validate
 import pytest
 import refdata
 
 from dra_driver.devices import fake, gpusets, model, profiles, topology
-from dra_driver.slices import build, validate
+from dra_driver.slices import build, devicerules, shares, validate
 from dra_driver.slices import gpusets as slices_gpusets
 
 from . import openapi
@@ -33,17 +34,27 @@ GPU_ATTRIBUTES = {
     "resource.kubernetes.io/numaNode",
 }
 PROFILES = ["dgx-h100", "h100-nvl-pairs", "a100-mig", "gb200-nvl", "pcie-l4", "dgx-1-v100"]
-# hgx-16-mesh (18 slices, 1040 devices) is validated in its own test below.
+# hgx-16-mesh (16 GPUs, the most that get set ranks) is validated in its own test below.
 
 
 def gpus(slices: list[Obj]) -> list[Obj]:
-    """The per-GPU and MIG devices (not the GPU sets, not the counter slice)."""
+    """Every published device (one per full GPU or MIG device), in pool order."""
+    return [d for s in slices for d in s["spec"].get("devices", [])]
+
+
+def ranks(slices: list[Obj], size: int) -> list[int]:
+    """``setRank<size>`` of every full GPU, by minor."""
     return [
-        d
-        for s in slices
-        for d in s["spec"].get("devices", [])
-        if d["attributes"]["type"]["string"] != "gpu-set"
+        d["attributes"][slices_gpusets.rank_attribute(size)]["int"]
+        for d in gpus(slices)
+        if d["attributes"]["type"]["string"] == "gpu"
     ]
+
+
+def rank_sizes(device: Obj) -> list[int]:
+    """The set sizes ``device`` carries a rank for, ascending."""
+    prefix = slices_gpusets.RANK_PREFIX
+    return sorted(int(k.removeprefix(prefix)) for k in device["attributes"] if k.startswith(prefix))
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -62,39 +73,33 @@ def test_every_profile_passes_the_reference_openapi_document(profile: str) -> No
         assert openapi.errors(obj) == []
 
 
-def test_dgx_h100_gpus_have_every_attribute_and_share_one_island(dgx_slices: list[Obj]) -> None:
-    counters, first, _ = dgx_slices
-    assert [s["metadata"]["name"] for s in dgx_slices] == [
-        f"n1-gpu.nvidia.com-{i}" for i in range(3)
-    ]
-    for obj in dgx_slices:
-        assert obj["metadata"]["ownerReferences"] == [
+def test_dgx_h100_is_one_slice_of_eight_gpus_with_every_attribute_and_one_island(
+    dgx_slices: list[Obj],
+) -> None:
+    (only,) = dgx_slices
+    assert only["metadata"] == {
+        "name": "n1-gpu.nvidia.com-0",
+        "ownerReferences": [
             {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "uid-n1", "controller": True}
-        ]
-        assert obj["spec"]["pool"] == {"name": "n1", "generation": 1, "resourceSliceCount": 3}
-        assert obj["spec"]["nodeName"] == "n1" and obj["spec"]["driver"] == "gpu.nvidia.com"
-    assert "devices" not in counters["spec"]
-    (gpu_counters,) = counters["spec"]["sharedCounters"]
-    assert gpu_counters == {
-        "name": "gpus",
-        "counters": {f"gpu-{i}": {"value": "80Gi"} for i in range(8)},
+        ],
     }
-    assert len(first["spec"]["devices"]) == 64  # the limit once devices consume counters
-    devices = gpus(dgx_slices)
-    assert devices == first["spec"]["devices"][:8]
+    assert only["spec"]["pool"] == {"name": "n1", "generation": 1, "resourceSliceCount": 1}
+    assert only["spec"]["nodeName"] == "n1" and only["spec"]["driver"] == "gpu.nvidia.com"
+    assert "sharedCounters" not in only["spec"]  # counters only for dynamic MIG
+    devices = only["spec"]["devices"]
     assert [d["name"] for d in devices] == [f"gpu-{i}" for i in range(8)]
-    for i, d in enumerate(devices):
+    rank_keys = {f"setRank{n}" for n in range(2, 8)}
+    for d in devices:
         attrs = d["attributes"]
-        assert GPU_ATTRIBUTES | {"nvlinkIsland"} == set(attrs)
+        assert GPU_ATTRIBUTES | {"nvlinkIsland"} | rank_keys == set(attrs)
+        assert list(attrs) == sorted(attrs)  # a fixed order: byte-identical output
         assert attrs["type"] == {"string": "gpu"}
         assert attrs["driverVersion"] == {"version": "580.95.5"}
         assert attrs["cudaComputeCapability"] == {"version": "9.0.0"}
         assert attrs["cudaDriverVersion"] == {"version": "13.0.0"}
         assert attrs["nvlinkLinks"] == {"int": 18}
         assert d["capacity"] == {"memory": {"value": "80Gi"}}
-        assert d["consumesCounters"] == [
-            {"counterSet": "gpus", "counters": {f"gpu-{i}": {"value": "80Gi"}}}
-        ]
+        assert set(d) == {"name", "attributes", "capacity"}  # no counters, no taints
     assert {d["attributes"]["nvlinkIsland"]["string"] for d in devices} == {"island-0"}
     numa = [d["attributes"]["resource.kubernetes.io/numaNode"]["int"] for d in devices]
     assert numa == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -276,76 +281,206 @@ def test_custom_driver_name_is_used_throughout() -> None:
         assert obj["metadata"]["name"] == f"n1-gpu.example.com-{i}"
 
 
-# --- GPU sets and shared counters (docs/topology.md) -----------------------------------------
+# --- Set ranks (docs/topology.md) -------------------------------------------------------------
 
 
-def test_gpu_sets_follow_the_gpus_by_size_best_first() -> None:
+def test_an_empty_dgx_1_ranks_its_best_sets_first() -> None:
+    slices = build.build(devices_of("dgx-1-v100"), node_name="n1").slices
+    # Pairs bonded with two links on one NUMA node and PCIe root, best (lowest minors) first.
+    assert ranks(slices, 2) == [1, 2, 2, 1, 3, 4, 4, 3]
+    # The two fully connected triangles on one NUMA node; gpu-1 and gpu-5 are left over.
+    assert ranks(slices, 3) == [1, 0, 1, 1, 2, 0, 2, 2]
+    assert ranks(slices, 4) == [1, 1, 1, 1, 2, 2, 2, 2]  # the two fully connected quads
+    assert ranks(slices, 7) == [1, 1, 1, 1, 1, 1, 1, 0]
+    assert all(rank_sizes(d) == list(range(2, 8)) for d in gpus(slices))
+
+
+def test_taken_gpus_are_left_out_of_the_ranks_and_the_rest_re_ranked() -> None:
     devices = devices_of("dgx-1-v100")
+    slices = build.build(devices, node_name="n1", taken={"gpu-0"}).slices
+    # gpu-0 busy: the best free quad is gpu-4..gpu-7 (9 links), not gpu-1..gpu-4 (5).
+    assert ranks(slices, 4) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert ranks(slices, 2) == [0, 1, 1, 0, 2, 3, 3, 2]
+    assert ranks(slices, 7) == [0, 1, 1, 1, 1, 1, 1, 1]
+    # Only the ranks change: every other byte of the devices is the same.
+    free = build.build(devices, node_name="n1").slices
+    strip = slices_gpusets.RANK_PREFIX
+    assert [
+        {k: v for k, v in d["attributes"].items() if not k.startswith(strip)} for d in gpus(slices)
+    ] == [{k: v for k, v in d["attributes"].items() if not k.startswith(strip)} for d in gpus(free)]
+    dgx = build.build(devices_of("dgx-h100"), node_name="n1", taken=("gpu-0", "gpu-5")).slices
+    assert ranks(dgx, 2) == [0, 3, 1, 1, 3, 0, 2, 2]  # same PCIe root first, then what is left
+    assert ranks(dgx, 4) == [0, 1, 1, 1, 1, 0, 0, 0]
+    assert ranks(dgx, 7) == [0] * 8  # six GPUs free: no free set of seven
+
+
+def test_an_empty_dgx_h100_ranks_by_numa_node_and_pcie_root(dgx_slices: list[Obj]) -> None:
+    assert ranks(dgx_slices, 2) == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert ranks(dgx_slices, 4) == [1, 1, 1, 1, 2, 2, 2, 2]
+    assert ranks(dgx_slices, 5) == [1, 1, 1, 1, 1, 0, 0, 0]
+
+
+def _exhaustive_chain(
+    devices: model.NodeDevices, size: int, taken: Collection[str]
+) -> list[tuple[int, ...]]:
+    """The ranked sets of ``size`` by brute force: among all subsets of the free GPUs the one
+    with the best (links, same-NUMA pairs, same-PCIe-root pairs), lowest minors on a tie; then
+    the same over what is left."""
     topo = topology.build(devices)
-    slices = build.build(devices, node_name="n1").slices
-    published = [d for s in slices for d in s["spec"].get("devices", [])]
-    assert [d["name"] for d in published[:8]] == [f"gpu-{i}" for i in range(8)]
-    sets = published[8:]
-    assert sets and all(d["attributes"]["type"] == {"string": "gpu-set"} for d in sets)
     by_minor = {g.minor: g for g in devices.gpus}
-    keys = []
-    for d in sets:
-        attrs = d["attributes"]
-        minors = [int(m) for m in attrs["minors"]["string"].split(",")]
-        assert d["name"] == "gpus-" + "-".join(map(str, minors))
-        assert attrs["gpuCount"] == {"int": len(minors)}
-        members = [by_minor[m] for m in minors]
-        score = gpusets.set_score(topo, [g.index for g in members])
-        assert attrs["nvlinkLinks"] == {"int": score[0]}
-        assert [attrs[f"uuid{i}"]["string"] for i in range(len(minors))] == [
-            g.uuid for g in members
-        ]
-        assert slices_gpusets.gpu_uuids(d) == [g.uuid for g in members]
-        assert d["consumesCounters"] == [
-            {"counterSet": "gpus", "counters": {f"gpu-{m}": {"value": "32Gi"} for m in minors}}
-        ]
-        keys.append((len(minors), tuple(-v for v in score)))
-    assert keys == sorted(keys)  # by size, then best score first
-    # The best pair of an empty DGX-1: two links, one NUMA node, one PCIe root.
-    assert sets[0]["name"] == "gpus-0-3"
-    assert {d["attributes"]["gpuCount"]["int"] for d in sets} == {2, 3, 4, 5, 6, 7}
+
+    def score(minors: tuple[int, ...]) -> tuple[int, int, int]:
+        links = numa = root = 0
+        for a, b in itertools.combinations(minors, 2):
+            ia, ib = by_minor[a].index, by_minor[b].index
+            links += topo.links(ia, ib)
+            na, nb = topo.numa_of.get(ia), topo.numa_of.get(ib)
+            ra, rb = topo.pcie_root_of.get(ia), topo.pcie_root_of.get(ib)
+            numa += na is not None and na == nb
+            root += ra is not None and ra == rb
+        return links, numa, root
+
+    left = sorted(g.minor for g in devices.gpus if g.name not in taken)
+    chain: list[tuple[int, ...]] = []
+    while len(left) >= size and len(chain) < gpusets.MAX_RANKS:
+        best = min(
+            itertools.combinations(left, size),
+            key=lambda c: (tuple(-v for v in score(c)), c),
+        )
+        chain.append(best)
+        left = [m for m in left if m not in best]
+    return chain
 
 
-def test_slice_names_sort_in_the_order_the_devices_are_meant_to_be_tried() -> None:
-    slices = build.build(devices_of("hgx-16-mesh"), node_name="n1").slices
+def _published_chain(slices: list[Obj], size: int) -> list[tuple[int, ...]]:
+    by_rank: dict[int, list[int]] = {}
+    for d in gpus(slices):
+        rank = d["attributes"][slices_gpusets.rank_attribute(size)]["int"]
+        if rank:
+            by_rank.setdefault(rank, []).append(int(d["name"].removeprefix("gpu-")))
+    return [tuple(by_rank[r]) for r in sorted(by_rank)]
+
+
+@pytest.mark.parametrize(
+    ("profile", "taken"),
+    [
+        ("dgx-1-v100", ()),
+        ("dgx-1-v100", ("gpu-0",)),
+        ("dgx-1-v100", ("gpu-2", "gpu-7")),
+        ("dgx-1-v100", ("gpu-0", "gpu-1", "gpu-6")),
+        ("dgx-h100", ("gpu-1", "gpu-4", "gpu-6")),
+        ("h100-nvl-pairs", ("gpu-2",)),
+        ("pcie-l4", ()),
+    ],
+)
+def test_ranked_sets_are_the_exhaustive_optimum_of_the_free_gpus(
+    profile: str, taken: tuple[str, ...]
+) -> None:
+    devices = devices_of(profile)
+    slices = build.build(devices, node_name="n1", taken=taken).slices
+    for size in range(2, len(devices.gpus)):
+        assert _published_chain(slices, size) == _exhaustive_chain(devices, size, taken), size
+
+
+def test_rank_one_on_sixteen_gpus_is_the_exhaustive_optimum() -> None:
+    devices = devices_of("hgx-16-mesh")
+    taken = ("gpu-0", "gpu-5", "gpu-10")
+    slices = build.build(devices, node_name="n1", taken=taken).slices
+    for size in (2, 3, 4, 6, 8, 12):
+        (best, *_) = _exhaustive_chain(devices, size, taken)
+        assert _published_chain(slices, size)[0] == best, size
+
+
+def test_sixteen_gpus_rank_every_size_within_32_attributes_per_device() -> None:
+    devices = devices_of("hgx-16-mesh")
+    for shareable in ("none", "all"):
+        result = build.build(devices, node_name="n1", shareable=shares.Shareable.parse(shareable))
+        assert result.problems == []
+        (only,) = result.slices
+        published = only["spec"]["devices"]
+        assert [d["name"] for d in published] == [f"gpu-{i}" for i in range(16)]
+        for d in published:
+            assert rank_sizes(d) == list(range(2, 16))
+            used = len(d["attributes"]) + len(d["capacity"])
+            assert used <= devicerules.MAX_ATTRIBUTES_AND_CAPACITIES
+        assert validate.validate(only) == []
+        assert kubernetes_validate.validate(only, "1.37.0", strict=True)
+    # Each rank-1 set of N is N GPUs; rank k never outnumbers the GPUs it could hold.
+    slices = build.build(devices, node_name="n1").slices
+    for size in range(2, 16):
+        chain = _published_chain(slices, size)
+        assert chain and all(len(s) == size for s in chain)
+        assert len(chain) == min(16 // size, gpusets.MAX_RANKS)
+
+
+@pytest.mark.parametrize(("count", "sizes"), [(2, []), (3, [2]), (5, [2, 3, 4]), (17, [])])
+def test_only_nodes_with_3_to_16_full_gpus_get_ranks(
+    make_devices: Callable[..., model.NodeDevices], count: int, sizes: list[int]
+) -> None:
+    slices = build.build(make_devices(count), node_name="n1").slices
+    assert len(gpus(slices)) == count
+    assert all(rank_sizes(d) == sizes for d in gpus(slices))
+
+
+def test_mig_devices_get_no_ranks_and_mig_mode_gpus_are_not_members() -> None:
+    slices = build.build(devices_of("a100-mig"), node_name="n1").slices
+    assert all(rank_sizes(d) == [] for d in gpus(slices))
+    # Two of four GPUs in MIG mode: two full GPUs, too few for ranks.
+    text = generated_profile(4, migs_per_gpu=0)
+    lines = text.splitlines()
+    for i in (1, 3):
+        line = next(j for j, ln in enumerate(lines) if f'"0000:{i:02x}:00.0"' in ln)
+        lines[line] = lines[line].removesuffix("}") + ", mig: []}"
+    devices = fake.FakeBackend(profiles.parse("\n".join(lines) + "\n", source="t")).discover()
+    assert [g.mig_enabled for g in devices.gpus] == [False, True, False, True]
+    assert all(rank_sizes(d) == [] for d in gpus(build.build(devices, node_name="n1").slices))
+
+
+def test_slice_names_sort_in_the_order_the_devices_are_meant_to_be_tried(
+    make_devices: Callable[..., model.NodeDevices],
+) -> None:
+    def taint_all(entries: list[Obj]) -> None:
+        for entry in entries:
+            entry["taints"] = [{"key": "gpu.nvidia.com/test", "effect": "None"}]
+
+    # 641 tainted GPUs: 64 per slice, 11 slices, so the index is zero-padded.
+    slices = build.build(make_devices(641), node_name="n1", decorate=taint_all).slices
     names = [s["metadata"]["name"] for s in slices]
-    assert len(slices) > 10
+    assert len(slices) == 11
     assert names == sorted(names)
-    assert names[0] == "n1-gpu.nvidia.com-00" and names[-1].endswith(f"-{len(slices) - 1}")
-    sets = [d for s in slices for d in s["spec"].get("devices", []) if d["name"].startswith("gpus")]
-    assert len(sets) == gpusets.MAX_SETS
+    assert names[0] == "n1-gpu.nvidia.com-00" and names[-1] == "n1-gpu.nvidia.com-10"
+    assert [len(s["spec"]["devices"]) for s in slices] == [64] * 10 + [1]
     for obj in slices:
         assert validate.validate(obj) == []
-        assert kubernetes_validate.validate(obj, "1.37.0", strict=True)
 
 
-def test_many_gpus_fill_several_counter_sets_and_publish_no_sets(
+def test_many_gpus_are_one_slice_of_128_devices_without_counters_or_ranks(
     make_devices: Callable[..., model.NodeDevices],
 ) -> None:
     slices = build.build(make_devices(70), node_name="big").slices
-    counters = slices[0]["spec"]["sharedCounters"]
-    assert [(c["name"], len(c["counters"])) for c in counters] == [
-        ("gpus", 32),
-        ("gpus-1", 32),
-        ("gpus-2", 6),
-    ]
-    devices = [d for s in slices[1:] for d in s["spec"]["devices"]]
-    assert [len(s["spec"]["devices"]) for s in slices[1:]] == [64, 6]
-    assert devices[40]["consumesCounters"] == [
-        {"counterSet": "gpus-1", "counters": {"gpu-40": {"value": "80Gi"}}}
-    ]
-    assert not any(d["name"].startswith("gpus-") for d in devices)  # > 16 GPUs: no sets
+    (only,) = slices
+    assert "sharedCounters" not in only["spec"]
+    published = only["spec"]["devices"]
+    assert len(published) == 70
+    assert not any("consumesCounters" in d for d in published)
+    assert not any(rank_sizes(d) for d in published)  # > 16 GPUs: no ranks
+    assert [
+        len(s["spec"]["devices"]) for s in build.build(make_devices(200), node_name="b").slices
+    ] == [128, 72]
 
 
-def test_mig_only_nodes_keep_their_layout_and_sets_can_be_turned_off() -> None:
+def test_mig_only_nodes_keep_their_layout_and_ranks_can_be_turned_off() -> None:
     (mig,) = build.build(devices_of("a100-mig"), node_name="n1").slices
     assert "sharedCounters" not in mig["spec"]
     assert not any("consumesCounters" in d for d in mig["spec"]["devices"])
+    with_ranks = build.build(devices_of("dgx-h100"), node_name="n1").slices
     (plain,) = build.build(devices_of("dgx-h100"), node_name="n1", gpu_sets=False).slices
     assert [d["name"] for d in plain["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
     assert not any("consumesCounters" in d for d in plain["spec"]["devices"])
+    assert not any(rank_sizes(d) for d in plain["spec"]["devices"])
+    assert "setRank" not in json.dumps(plain)
+    # Apart from the ranks, the devices are the same.
+    for bare, ranked in zip(plain["spec"]["devices"], gpus(with_ranks), strict=True):
+        assert rank_sizes(ranked) == list(range(2, 8))
+        kept = {k: v for k, v in ranked["attributes"].items() if not k.startswith("setRank")}
+        assert bare == {**ranked, "attributes": kept}

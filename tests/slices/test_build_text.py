@@ -233,7 +233,7 @@ def test_slice_names_pad_the_index_and_hash_names_too_long_for_the_api() -> None
 
 def test_a_slice_with_an_owner_and_one_with_counters() -> None:
     built = build.build(devices_of("pcie-l4"), node_name="n1", node_uid="uid-1", generation=4)
-    first = built.slices[0]
+    (first,) = built.slices  # set ranks need no counters: one slice of devices
     assert first["apiVersion"] == "resource.k8s.io/v1" and first["kind"] == "ResourceSlice"
     assert first["metadata"] == {
         "name": "n1-gpu.nvidia.com-0",
@@ -242,9 +242,16 @@ def test_a_slice_with_an_owner_and_one_with_counters() -> None:
         ],
     }
     assert first["spec"]["driver"] == "gpu.nvidia.com" and first["spec"]["nodeName"] == "n1"
-    assert first["spec"]["pool"] == {"name": "n1", "generation": 4, "resourceSliceCount": 2}
-    assert "devices" not in first["spec"] and first["spec"]["sharedCounters"]
-    assert "sharedCounters" not in built.slices[1]["spec"]
+    assert first["spec"]["pool"] == {"name": "n1", "generation": 4, "resourceSliceCount": 1}
+    assert "sharedCounters" not in first["spec"] and len(first["spec"]["devices"]) == 4
+    dynamic = build.build(
+        devices_of("h100-mig"), node_name="n1", dynamic_mig=migprofiles.DynamicMig.parse("all")
+    ).slices
+    counters, devices = dynamic  # dynamic MIG: its counter sets first, in a slice of their own
+    assert "devices" not in counters["spec"]
+    assert [c["name"] for c in counters["spec"]["sharedCounters"]] == ["gpu-0-mig", "gpu-1-mig"]
+    assert "sharedCounters" not in devices["spec"] and devices["spec"]["devices"]
+    assert counters["spec"]["pool"]["resourceSliceCount"] == 2
     plain = build.build(devices_of("pcie-l4"), node_name="n1", gpu_sets=False).slices[0]
     assert "ownerReferences" not in plain["metadata"]
 
@@ -264,28 +271,16 @@ def test_devices_follow_the_gpu_minors_whatever_order_nvml_lists_them_in() -> No
     assert build.device_entries(shuffled) == build.device_entries(mig)
 
 
-def test_a_gpu_set_carries_what_all_its_members_share_and_nothing_they_do_not() -> None:
-    built = build.build(devices_of("dgx-h100"), node_name="n1")
+def test_set_ranks_are_int_attributes_in_the_sorted_attribute_order() -> None:
+    built = build.build(devices_of("h100-nvl-pairs"), node_name="n1", taken=("gpu-0",))
     published = {d["name"]: d for s in built.slices for d in s["spec"].get("devices") or ()}
-    gpu0, gpu2 = published["gpu-0"]["attributes"], published["gpu-2"]["attributes"]
-    shared = [
-        "productName",
-        "brand",
-        "architecture",
-        "cudaComputeCapability",
-        "driverVersion",
-        "cudaDriverVersion",
-        "nvlinkIsland",
-        "resource.kubernetes.io/numaNode",
-    ]
-    pair = published["gpus-0-2"]["attributes"]
-    for key in shared:
-        assert pair[key] == gpu0[key] == gpu2[key], key
-    assert gpu0[build.PCIE_ROOT] != gpu2[build.PCIE_ROOT]
-    assert build.PCIE_ROOT not in pair  # the members differ: left out
-    assert published["gpus-0-1"]["attributes"][build.PCIE_ROOT] == gpu0[build.PCIE_ROOT]
-    assert "uuid" not in pair and build.PCI_BUS_ID not in pair
-    assert published["gpus-0-2"]["capacity"] == {"memory": {"value": "80Gi"}}
+    gpu0, gpu1 = published["gpu-0"]["attributes"], published["gpu-1"]["attributes"]
+    assert list(gpu0) == sorted(gpu0)
+    assert [k for k in gpu0 if k.startswith("setRank")] == ["setRank2", "setRank3"]
+    assert gpu0["setRank2"] == gpu0["setRank3"] == {"int": 0}  # taken: in no set
+    # gpu-1 is left alone beside the bridged pair gpu-2/gpu-3: no pair, but in the trio.
+    assert gpu1["setRank2"] == {"int": 0} and gpu1["setRank3"] == {"int": 1}
+    assert published["gpu-2"]["attributes"]["setRank2"] == {"int": 1}
 
 
 def test_a_device_a_decorating_pass_breaks_is_left_out_and_named() -> None:

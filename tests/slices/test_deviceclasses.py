@@ -51,7 +51,6 @@ def test_classes_pass_the_reference_openapi_document(name: str) -> None:
         ("gpu.nvidia.com", "gpu"),
         ("gpu-extended-resource.nvidia.com", "gpu"),
         ("mig.nvidia.com", "mig"),
-        ("gpu-set.nvidia.com", "gpu-set"),
     ],
 )
 @pytest.mark.parametrize("driver", ["gpu.nvidia.com", "gpu.example.com"])
@@ -73,6 +72,31 @@ def test_selectors_pick_exactly_the_devices_of_their_type(
     assert picked
     other = "other.example.com"
     assert not any(compiled.matches(d, other) for d in devices)
+
+
+@pytest.mark.parametrize("driver", ["gpu.nvidia.com", "gpu.example.com"])
+def test_the_gpu_set_class_is_kept_for_old_claims_and_matches_nothing_published_now(
+    driver: str,
+) -> None:
+    from dra_driver.slices import build
+
+    devices = [
+        d
+        for profile in ("dgx-h100", "dgx-1-v100", "a100-mig")
+        for s in build.build(devices_of(profile), node_name="n1", driver_name=driver).slices
+        for d in s["spec"].get("devices", [])
+    ]
+    (selector,) = deviceclasses.load("gpu-set.nvidia.com", driver_name=driver)["spec"]["selectors"]
+    compiled = cel.compile_selector(selector["cel"]["expression"])
+    assert devices and not any(compiled.matches(d, driver) for d in devices)
+    # A set device as earlier versions published it: what old claims' first alternative named.
+    old = {
+        "name": "gpus-0-1",
+        "attributes": {"type": {"string": "gpu-set"}, "gpuCount": {"int": 2}},
+    }
+    assert compiled.matches(old, driver) and not compiled.matches(old, "other.example.com")
+    text = (PACKAGE_DIR / "gpu-set.nvidia.com.yaml").read_text()
+    assert "earlier versions" in text
 
 
 def test_extended_resource_variant_and_unknown_names() -> None:

@@ -65,8 +65,7 @@ def test_h100_gpu_counters_and_one_device_per_placement() -> None:
     devices = fake.FakeBackend.from_name("h100-mig").discover()
     built = build.build(devices, node_name="n1", dynamic_mig=ALL)
     sets = {c["name"]: c["counters"] for c in _sets(built.slices)}
-    assert sorted(sets) == ["gpu-0-mig", "gpu-1-mig", "gpus"]
-    assert sets["gpus"] == {"gpu-0": {"value": "80Gi"}, "gpu-1": {"value": "80Gi"}}
+    assert sorted(sets) == ["gpu-0-mig", "gpu-1-mig"]  # a set per dynamic GPU, nothing else
     assert {k: v["value"] for k, v in sets["gpu-0-mig"].items()} == {
         **{f"memory-slice-{i}": "1" for i in range(8)},
         "compute-slices": "7", "multiprocessors": "132", "copy-engines": "8", "decoders": "7",
@@ -79,24 +78,22 @@ def test_h100_gpu_counters_and_one_device_per_placement() -> None:
     assert "gpu-0-mig-1g-10gb-me-6" in gpu0 and "gpu-0-mig-7g-80gb-0" in gpu0
     by_name = {d["name"]: d for d in _devices(built.slices)}
     full = by_name["gpu-0"]["consumesCounters"]
-    assert full == [
-        {"counterSet": "gpus", "counters": {"gpu-0": {"value": "80Gi"}}},
-        {"counterSet": "gpu-0-mig", "counters": sets["gpu-0-mig"]},
-    ]
+    assert full == [{"counterSet": "gpu-0-mig", "counters": sets["gpu-0-mig"]}]  # all of it
     me = by_name["gpu-0-mig-1g-10gb-me-3"]
     assert me["attributes"]["profile"] == {"string": "1g.10gb+me"}
     assert me["attributes"]["type"] == {"string": "mig"}
     assert me["attributes"]["parentUUID"] == {"string": devices.gpus[0].uuid}
     assert "uuid" not in me["attributes"]  # the instance does not exist yet
-    use, per_gpu = me["consumesCounters"]
+    (use,) = me["consumesCounters"]
     assert use["counterSet"] == "gpu-0-mig"
     assert {k: v["value"] for k, v in use["counters"].items()} == {
         "memory-slice-3": "1", "compute-slices": "1", "multiprocessors": "16",
         "copy-engines": "1", "decoders": "1", "jpeg-engines": "1", "ofa-engines": "1",
         "memory": "9984Mi", "1g-10gb-me-instances": "1",
     }  # fmt: skip
-    # Part of the GPU's pool-wide counter: the full GPU and GPU sets with it are blocked.
-    assert per_gpu == {"counterSet": "gpus", "counters": {"gpu-0": {"value": "9984Mi"}}}
+    # The full GPU takes every counter this placement takes part of: they exclude each other.
+    for name, amount in use["counters"].items():
+        assert _parse(full[0]["counters"][name]["value"]) >= _parse(amount["value"]) > 0
 
 
 def test_dynamic_devices_carry_the_attributes_of_static_mig_devices() -> None:
@@ -114,15 +111,20 @@ def test_dynamic_devices_carry_the_attributes_of_static_mig_devices() -> None:
 
 
 def test_eight_and_twelve_gpus_split_within_the_limits() -> None:
-    for gpus, counter_slices in ((8, 2), (12, 2)):
+    for gpus, counter_slices in ((8, 1), (12, 2)):
         built = build.build(_nodes(gpus), node_name="n1", dynamic_mig=ALL)
         kinds = ["devices" if s["spec"].get("devices") else "counters" for s in built.slices]
         devices = _devices(built.slices)
-        sets = [d for d in devices if d["name"].startswith("gpus-")]  # GPU-set devices
-        assert len(devices) == gpus * 26 + len(sets)
+        assert len(devices) == gpus * 26  # each GPU whole and its 25 placements
         device_slices = -(-len(devices) // validate.MAX_DEVICES_SPECIAL)
         assert kinds == ["counters"] * counter_slices + ["devices"] * device_slices
-        assert len(_sets(built.slices)) == gpus + 1  # one per GPU, and the per-GPU counters
+        assert len(_sets(built.slices)) == gpus  # one per GPU
+        # The full GPUs carry their set ranks like any full GPU; placements none.
+        full = [d for d in devices if "-mig-" not in d["name"]]
+        assert [d["name"] for d in full] == [f"gpu-{i}" for i in range(gpus)]
+        for dev in devices:
+            sizes = [k for k in dev["attributes"] if k.startswith("setRank")]
+            assert len(sizes) == (gpus - 2 if dev in full else 0)
         for obj in built.slices:
             spec = obj["spec"]
             assert spec["pool"]["resourceSliceCount"] == len(built.slices)
@@ -131,7 +133,7 @@ def test_eight_and_twelve_gpus_split_within_the_limits() -> None:
             for cs in spec.get("sharedCounters", []):
                 assert len(cs["counters"]) <= 32
             for dev in spec.get("devices", []):
-                assert len(dev["consumesCounters"]) <= 2
+                assert len(dev["consumesCounters"]) == 1
                 assert all(len(c["counters"]) <= 32 for c in dev["consumesCounters"])
             assert validate.validate(obj) == []
             assert kubernetes_validate.validate(obj, "1.37.0", strict=True)
@@ -158,14 +160,15 @@ def test_a_regex_picks_gpus_by_product_and_reports_the_ones_it_cannot_make_dynam
     devices = fake.FakeBackend.from_name("h100-nvl-pairs").discover()
     built = build.build(devices, node_name="n1", dynamic_mig=migprofiles.DynamicMig.parse("h100"))
     assert len(built.problems) == 4 and "lists no MIG profile placements" in built.problems[0]
-    assert [c["name"] for c in _sets(built.slices)] == ["gpus"]  # no MIG counter set
+    assert _sets(built.slices) == []  # no MIG counter set, and no other
+    assert [d["name"] for d in _devices(built.slices)] == [f"gpu-{i}" for i in range(4)]
     none = build.build(
         fake.FakeBackend.from_name("h100-mig").discover(),
         node_name="n1",
         dynamic_mig=migprofiles.DynamicMig.parse("A100"),
     )
     # Static as before: GPU 1 is in MIG mode without MIG devices, so it offers nothing.
-    assert [c["name"] for c in _sets(none.slices)] == ["gpus"]
+    assert _sets(none.slices) == []
     assert [d["name"] for d in _devices(none.slices)] == ["gpu-0"]
     with pytest.raises(migprofiles.SelectorError, match="not none, all or a regular expression"):
         migprofiles.DynamicMig.parse("H100(")
@@ -177,7 +180,7 @@ def test_check_references_catches_a_missing_set_and_an_oversized_consumption() -
     )
     devices_only = [s for s in built.slices if s["spec"].get("devices")]
     problems = migslices.check_references(devices_only, _parse)
-    assert problems and problems[0] == "device gpu-0: no counter set gpus"
+    assert problems and problems[0] == "device gpu-0: no counter set gpu-0-mig"
     [gpu0] = [c for c in _sets(built.slices) if c["name"] == "gpu-0-mig"]
     gpu0["counters"]["compute-slices"]["value"] = "6"
     problems = migslices.check_references(built.slices, _parse)
@@ -210,15 +213,41 @@ def test_check_references_names_a_missing_counter_and_a_set_defined_twice() -> N
     assert migslices.check_references([{"spec": {}}, {}], _parse) == []
 
 
-def test_a_dynamic_gpu_in_mig_mode_is_a_full_gpu_for_the_per_gpu_counters() -> None:
+def test_a_dynamic_gpu_in_mig_mode_is_a_full_gpu_consuming_only_its_own_set() -> None:
     devices = fake.FakeBackend.from_name("h100-mig").discover()
     assert devices.gpus[1].mig_enabled and not devices.gpus[1].mig_devices
     built = build.build(devices, node_name="n1", dynamic_mig=ALL)
-    [gpus] = [c for c in _sets(built.slices) if c["name"] == "gpus"]
-    assert gpus == {
-        "name": "gpus",
-        "counters": {"gpu-0": {"value": "80Gi"}, "gpu-1": {"value": "80Gi"}},
-    }
     full = {d["name"]: d for d in _devices(built.slices) if "-mig-" not in d["name"]}
-    assert [c["counterSet"] for c in full["gpu-1"]["consumesCounters"]] == ["gpus", "gpu-1-mig"]
-    assert full["gpu-1"]["consumesCounters"][0]["counters"] == {"gpu-1": {"value": "80Gi"}}
+    assert sorted(full) == ["gpu-0", "gpu-1"]
+    assert [c["counterSet"] for c in full["gpu-1"]["consumesCounters"]] == ["gpu-1-mig"]
+
+
+def test_dynamic_gpus_in_mig_mode_are_ranked_as_full_gpus() -> None:
+    lines = [
+        "name: four",
+        'driverVersion: "580.95.05"',
+        'cudaDriverVersion: "13.0"',
+        "defaults: {productName: NVIDIA H100 80GB HBM3, brand: Nvidia, architecture: Hopper,",
+        '           cudaComputeCapability: "9.0", memory: 80Gi, migProfiles: h100-80gb}',
+        "nvlink: {switched: 18}",
+        "gpus:",
+    ] + [
+        f'  - {{pciBusId: "0000:{i:02x}:00.0", numaNode: {i // 2}' + (", mig: []}" if i else "}")
+        for i in range(4)
+    ]
+    devices = fake.FakeBackend(profiles.parse("\n".join(lines), source="t")).discover()
+    assert [g.mig_enabled for g in devices.gpus] == [False, True, True, True]
+
+    def rank(built: build.Build, name: str, size: int) -> int | None:
+        found = {d["name"]: d for d in _devices(built.slices)}
+        attr = found[name]["attributes"].get(f"setRank{size}")
+        return None if attr is None else int(attr["int"])
+
+    dynamic = build.build(devices, node_name="n1", dynamic_mig=ALL)
+    # Published whole: four full GPUs, ranked in pairs by NUMA node.
+    assert [rank(dynamic, f"gpu-{i}", 2) for i in range(4)] == [1, 1, 2, 2]
+    assert [rank(dynamic, f"gpu-{i}", 3) for i in range(4)] == [1, 1, 1, 0]
+    static = build.build(devices, node_name="n1")
+    # Static: the three in MIG mode offer nothing, and one full GPU makes no set.
+    assert [d["name"] for d in _devices(static.slices)] == ["gpu-0"]
+    assert rank(static, "gpu-0", 2) is None

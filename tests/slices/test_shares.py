@@ -25,8 +25,8 @@ def devices(profile: str, shareable: str) -> list[dict[str, Any]]:
     for obj in built.slices:
         assert kubernetes_validate.validate(obj, "1.37.0", strict=True)
         assert validate.validate(obj) == []
-        # Devices that consume counters lower the per-slice limit to 64 (contracts.md §5).
-        assert len(obj["spec"].get("devices", [])) <= validate.MAX_DEVICES_SPECIAL
+        assert "sharedCounters" not in obj["spec"]  # counters only for dynamic MIG
+        assert len(obj["spec"].get("devices", [])) <= validate.MAX_DEVICES
     return [d for s in built.slices for d in s["spec"].get("devices", [])]
 
 
@@ -38,28 +38,25 @@ def gpus(devs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_every_profile_with_all_gpus_shareable_is_valid(profile: str) -> None:
     for dev in devices(profile, "all"):
         is_gpu = dev["attributes"]["type"]["string"] == "gpu"
-        assert dev.get("allowMultipleAllocations", False) is is_gpu  # MIG devices, sets never
+        assert dev.get("allowMultipleAllocations", False) is is_gpu  # MIG devices never
+        assert "consumesCounters" not in dev
         if is_gpu:
             assert set(dev["capacity"]) == {"memory", "computeShare"}
-            # A shareable GPU consumes its whole GPU's counter, like an exclusive one: the
-            # scheduler charges it for the first share, which keeps sets holding it away.
-            minor = int(dev["name"].removeprefix("gpu-"))
-            ((counter, amount),) = dev["consumesCounters"][0]["counters"].items()
-            assert counter == f"gpu-{minor}"
-            assert amount == {"value": dev["capacity"]["memory"]["value"]}
 
 
-def test_a_node_with_shareable_gpus_keeps_its_gpu_sets_and_counter_slice() -> None:
+def test_a_node_with_shareable_gpus_keeps_its_set_ranks_and_has_no_counters() -> None:
     built = build.build(
         devices_of("dgx-h100"), node_name="n1", shareable=shares.Shareable.parse("all")
     )
     plain = build.build(devices_of("dgx-h100"), node_name="n1")
-    assert [s["spec"].get("sharedCounters") for s in built.slices] == [
-        s["spec"].get("sharedCounters") for s in plain.slices
-    ]
-    names = [d["name"] for d in devices("dgx-h100", "all")]
-    assert names == [d["name"] for s in plain.slices for d in s["spec"].get("devices", [])]
-    assert "gpus-4-5-6-7" in names
+    assert len(built.slices) == len(plain.slices) == 1
+    assert not any(s["spec"].get("sharedCounters") for s in built.slices)
+    shared = devices("dgx-h100", "all")
+    exclusive = [d for s in plain.slices for d in s["spec"].get("devices", [])]
+    assert [d["name"] for d in shared] == [d["name"] for d in exclusive]
+    # Same attributes, set ranks included; only capacity and allowMultipleAllocations differ.
+    assert [d["attributes"] for d in shared] == [d["attributes"] for d in exclusive]
+    assert all("setRank4" in d["attributes"] for d in shared)
 
 
 def test_gpus_published_for_dynamic_mig_are_not_shareable() -> None:
@@ -169,7 +166,7 @@ def test_valid_request_policies_pass() -> None:
 
 
 def test_a_slice_with_a_bad_policy_is_rejected_naming_the_device() -> None:
-    (_, slice_obj) = build.build(
+    (slice_obj,) = build.build(
         devices_of("pcie-l4"), node_name="n1", shareable=shares.Shareable.parse("all")
     ).slices
     dev = slice_obj["spec"]["devices"][1]

@@ -39,10 +39,9 @@ def test_lookup_gives_each_devices_taints_now_with_the_reason() -> None:
         {"key": f"{DRIVER}/retired-pages", "effect": "NoSchedule", "message": "pending"},
     ]
     assert taints_of("gpu-0") == [] and taints_of("no-such-device") == []
-    sets = [name for name in uuids if name.startswith("gpu-set") or "-1-" in f"{name}-"]
-    holding = [n for n in uuids if devices.gpu(1).uuid in uuids[n] and n != "gpu-1"]
-    assert holding and set(holding) <= set(sets)
-    assert all(taints_of(n)[0]["key"] == f"{DRIVER}/xid" for n in holding)
+    # One device per GPU: only gpu-1 stands for gpu-1, so no other device is tainted by it.
+    assert [n for n in uuids if devices.gpu(1).uuid in uuids[n]] == ["gpu-1"]
+    assert all(taints_of(n) == [] for n in uuids if n != "gpu-1")
 
 
 def test_published_uuids_name_every_device_and_its_gpus() -> None:
@@ -52,7 +51,7 @@ def test_published_uuids_name_every_device_and_its_gpus() -> None:
     names = [d["name"] for s in built.slices for d in s["spec"].get("devices") or ()]
     assert list(uuids) == names
     assert uuids["gpu-3"] == (devices.gpu(3).uuid,)
-    assert all(len(u) >= 1 for u in uuids.values())
+    assert uuids == {g.name: (g.uuid,) for g in devices.gpus}  # each device is one GPU
     dynamic = migprofiles.DynamicMig.parse("all")
     with_mig = taints.published_uuids(
         devices, node_name="n1", driver_name=DRIVER, dynamic_mig=dynamic
@@ -105,21 +104,21 @@ def test_the_health_follower_runs_in_a_named_daemon_thread_and_logs_failed_rebui
         def stop(self) -> None:
             stopped.set()
 
-    def rebuild(snap: health.Snapshot) -> list[dict[str, Any]]:
+    def rebuild(inputs: republish.Inputs) -> list[dict[str, Any]]:
         if failing[0]:
             raise ValueError("no devices")
-        return [{"version": snap.version}]
+        return [{"version": inputs.health.version}]
 
-    follower = republish.HealthRepublisher(
+    follower = republish.Republisher(
         publisher=Publisher(),
         rebuild=rebuild,
         board=board,
         log=log,  # type: ignore[arg-type]
-        built_at_version=board.snapshot().version,
+        built_from=republish.current(board, None),
     )
     follower.start()
     try:
-        assert follower._thread.name == "slice-health" and follower._thread.daemon
+        assert follower._thread.name == "slice-republish" and follower._thread.daemon
         board.mark_unhealthy("GPU-a", "test")
         wait_for(lambda: bool(log.lines))
         assert log.lines == [

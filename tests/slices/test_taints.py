@@ -10,7 +10,7 @@ import kubernetes_validate
 import refdata
 
 from dra_driver.devices import health, model
-from dra_driver.slices import build, gpusets, taints, validate
+from dra_driver.slices import build, taints, validate
 
 from . import openapi
 from .conftest import Obj, devices_of
@@ -33,7 +33,7 @@ def built(
     driver: str = "gpu.nvidia.com",
     *,
     gpu_sets: bool = True,
-):  # type: ignore[no-untyped-def]
+) -> build.Build:
     return build.build(
         devices,
         node_name="n1",
@@ -57,11 +57,10 @@ def test_unhealthy_gpu_is_tainted_and_the_slices_stay_valid() -> None:
         {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"},
         {"key": "gpu.nvidia.com/retired-pages", "value": "pending", "effect": "NoSchedule"},
     ]
-    # The GPU sets holding gpu-3 carry its taints too; every other device none.
-    holding = {n for n, d in found.items() if sick.uuid in gpusets.gpu_uuids(d)}
-    assert sick.name in holding and any(n.startswith("gpus-") for n in holding)
-    assert all(found[n]["taints"] == found[sick.name]["taints"] for n in holding)
-    assert all("taints" not in d for name, d in found.items() if name not in holding)
+    # Every other device is untainted; the tainted one lowers the slice limit to 64.
+    assert [n for n, d in found.items() if "taints" in d] == [sick.name]
+    (only,) = result.slices
+    assert len(only["spec"]["devices"]) == 8
     for s in result.slices:
         assert validate.validate(s) == []
         assert kubernetes_validate.validate(s, "1.36.0", strict=True)
@@ -106,13 +105,50 @@ def test_group_devices_naming_their_gpus_are_tainted_when_any_is_unhealthy() -> 
     assert "taints" not in healthy
 
 
-def test_gpu_sets_named_by_uuid0_uuid1_are_tainted_through_their_members() -> None:
+def rank_of(found: dict[str, Obj], name: str, size: int) -> int:
+    return int(found[name]["attributes"][f"setRank{size}"]["int"])
+
+
+def test_a_tainted_gpu_loses_its_set_ranks_and_the_others_are_re_ranked() -> None:
+    devices = devices_of("dgx-1-v100")
+    healthy = by_name(built(devices, health.HealthBoard()).slices)
+    assert [rank_of(healthy, f"gpu-{i}", 4) for i in range(8)] == [1, 1, 1, 1, 2, 2, 2, 2]
+    for condition in (XID79, PAGES):  # NoExecute and NoSchedule both keep plain claims off
+        found = by_name(built(devices, board_with({devices.gpu(0).uuid: [condition]})).slices)
+        assert all(rank_of(found, "gpu-0", n) == 0 for n in range(2, 8))
+        # gpu-0 out: the best free quad is gpu-4..gpu-7, and gpu-1..gpu-3 are in no quad.
+        assert [rank_of(found, f"gpu-{i}", 4) for i in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+        assert rank_of(found, "gpu-1", 7) == 1 and rank_of(found, "gpu-4", 7) == 1
+        assert [n for n, d in found.items() if "taints" in d] == ["gpu-0"]
+
+
+def test_a_taint_that_keeps_no_pod_off_leaves_the_ranks_alone() -> None:
+    devices = devices_of("dgx-1-v100")
+    harmless = health.Condition(kind="odd", value="1", effect="None", message="just so")
+    found = by_name(built(devices, board_with({devices.gpu(0).uuid: [harmless]})).slices)
+    healthy = by_name(built(devices, health.HealthBoard()).slices)
+    assert found["gpu-0"]["taints"] == [
+        {"key": "gpu.nvidia.com/odd", "value": "1", "effect": "None"}
+    ]
+    assert all(
+        rank_of(found, f"gpu-{i}", n) == rank_of(healthy, f"gpu-{i}", n)
+        for i in range(8)
+        for n in range(2, 8)
+    )
+
+
+def test_ranks_skip_tainted_gpus_of_nvl_pairs_and_sets_turned_off_have_none() -> None:
     devices = devices_of("h100-nvl-pairs")
-    result = built(devices, board_with({devices.gpu(1).uuid: [LOST]}))
-    found = by_name(result.slices)
+    found = by_name(built(devices, board_with({devices.gpu(1).uuid: [LOST]})).slices)
     lost = [{"key": "gpu.nvidia.com/gpu-lost", "value": "lost", "effect": "NoExecute"}]
-    assert found["gpus-0-1"]["taints"] == found["gpus-0-1-2"]["taints"] == lost
-    assert "taints" not in found["gpus-2-3"]
+    assert found["gpu-1"]["taints"] == lost
+    assert [rank_of(found, f"gpu-{i}", 2) for i in range(4)] == [0, 0, 1, 1]
+    assert [rank_of(found, f"gpu-{i}", 3) for i in range(4)] == [1, 0, 1, 1]
+    plain = by_name(
+        built(devices, board_with({devices.gpu(1).uuid: [LOST]}), gpu_sets=False).slices
+    )
+    assert plain["gpu-1"]["taints"] == lost
+    assert not any(k.startswith("setRank") for d in plain.values() for k in d["attributes"])
 
 
 def test_custom_driver_name_is_the_taint_domain() -> None:
