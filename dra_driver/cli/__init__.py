@@ -30,6 +30,7 @@ SUMMARIES = {
     "kubelet-plugin": "run the node agent: kubelet DRA plugin and slice publisher",
     "device-plugin": "serve nvidia.com/gpu through the kubelet device plugin API",
     "fake-event": "make a fake GPU of a running node agent fail or recover (fake nodes)",
+    "doctor": "check what the API server serves and keeps of our slices, and our RBAC",
 }
 
 Handler = Callable[[argparse.Namespace], int]

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from dra_driver.fakeapi import featuregates, httpserver, memory, nodes
+from dra_driver.fakeapi import discovery, featuregates, httpserver, memory, nodes
 from dra_driver.kube import api
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ _ROUTES: list[tuple[str, re.Pattern[str]]] = [
     ("class", re.compile(rf"^{_GROUP}/deviceclasses/([^/]+)$")),
     ("classes", re.compile(rf"^{_GROUP}/deviceclasses$")),
     ("version", re.compile(r"^/version$")),
+    ("group", re.compile(rf"^/apis/{discovery.GROUP}/?$")),
+    ("review", re.compile(rf"^{discovery.REVIEW_PATH}$")),
     ("stats", re.compile(r"^/fakeapi/stats$")),
 ]
 # What GET /version answers (the release the wire contracts were checked against).
@@ -112,6 +114,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         try:
             if token and self.headers.get("Authorization") != f"Bearer {token}":
                 raise api.ApiError(401, "Unauthorized", reason="Unauthorized")
+            self.server.served.check_path(parsed.path)
             for route, pattern in _ROUTES:
                 match = pattern.match(parsed.path)
                 if match:
@@ -131,6 +134,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self, method: str, route: str, args: tuple[str, ...], query: dict[str, str], body: Any
     ) -> None:
         mem = self.server.api
+        dry_run = _dry_run(query, route, method)
         if route == "claim" and method == "GET":
             self._json(200, mem.get_resource_claim(args[0], args[1]))
         elif route == "claims" and method == "POST":
@@ -143,7 +147,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif route == "slices" and method == "GET":
             self._list_or_watch(query)
         elif route == "slices" and method == "POST":
-            self._json(201, mem.create_resource_slice(body))
+            self._json(201, mem.create_resource_slice(body, dry_run=dry_run))
         elif route == "slice" and method == "GET":
             self._json(200, mem.get_resource_slice(args[0]))
         elif route == "slice" and method == "PUT":
@@ -176,6 +180,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._json(200, mem.get_device_class(args[0]))
         elif route == "version" and method == "GET":
             self._json(200, VERSION)
+        elif route == "group" and method == "GET":
+            self._json(200, self.server.served.api_group())
+        elif route == "review" and method == "POST":
+            self._json(201, self.server.served.access_review(body))
         elif route == "stats" and method == "GET":
             self._json(200, self.server.stats())
         else:
@@ -283,10 +291,15 @@ class FakeApiServer:
         tls: certs.Bundle | None = None,
         idle_timeout_s: float | None = None,
         disabled_gates: Iterable[str] | None = None,
+        served_versions: Iterable[str] = ("v1",),
+        denied: Iterable[tuple[str, str]] = (),
+        access_reviews: bool = True,
     ) -> None:
         """``tls``: serve HTTPS and require a client certificate of that bundle's CA;
         ``idle_timeout_s``: close a kept-alive connection idle that long (None: never);
-        ``disabled_gates``: DRA feature gates off in the API served (:mod:`.featuregates`)."""
+        ``disabled_gates``: DRA feature gates off in the API served (:mod:`.featuregates`);
+        ``served_versions`` of ``resource.k8s.io``, ``(verb, resource)`` access reviews
+        ``denied``, or no ``access_reviews`` served at all (:mod:`.discovery`)."""
         if api_ is None:
             api_ = memory.InMemoryApi(disabled_gates=disabled_gates or ())
         elif disabled_gates is not None and frozenset(disabled_gates) != api_.disabled_gates:
@@ -301,6 +314,7 @@ class FakeApiServer:
         )
         self._httpd.api = self.api
         self._httpd.token = token
+        self._httpd.served = discovery.Served.of(served_versions, denied, reviews=access_reviews)
         self.token = token
         self._thread: threading.Thread | None = None
 
@@ -339,6 +353,19 @@ class FakeApiServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _dry_run(query: dict[str, str], route: str, method: str) -> bool:
+    """``?dryRun=All`` (the only value a server takes): honoured on ResourceSlice create only."""
+    if "dryRun" not in query:
+        return False
+    if query["dryRun"] != "All":
+        raise api.Invalid(f'dryRun: Unsupported value: "{query["dryRun"]}"', status=400)
+    if (route, method) != ("slices", "POST"):
+        raise api.Invalid(
+            "the fake API server honours dryRun on ResourceSlice create only", status=400
+        )
+    return True
 
 
 def write_kubeconfig(

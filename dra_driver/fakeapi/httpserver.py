@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from dra_driver.fakeapi import memory
+from dra_driver.fakeapi import discovery, memory
 
 
 class Server(http.server.ThreadingHTTPServer):
@@ -26,6 +26,7 @@ class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     api: memory.InMemoryApi  # what the handler serves
     token: str | None  # the bearer token the handler requires, if any
+    served: discovery.Served  # resource.k8s.io versions served, access reviews denied
 
     def __init__(
         self,

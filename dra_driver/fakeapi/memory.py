@@ -7,15 +7,17 @@ update or delete precondition and on creating an existing name, 404, ``generateN
 ``metadata.generation`` bumped on spec changes, no-op updates that change nothing, watch events
 from a given resourceVersion (410 when it is too old), field-selector filtering, strict decoding,
 validation and defaulting (tests hold it to recorded server verdicts), the fields a server with
-a DRA feature gate off drops (:mod:`.featuregates`), owner-reference garbage collection when a
-Node goes, and injected failures (5xx, 409, 0 = unreachable). Test helpers
-(``put_*``, ``calls``, ``writes``) are outside the port. Thread-safe: one lock.
+a DRA feature gate off drops (:mod:`.featuregates`), dry-run creates (nothing stored),
+owner-reference garbage collection when a Node goes, and injected failures (5xx, 409,
+0 = unreachable). Test helpers (``put_*``, ``calls``, ``writes``) are outside the port.
+Thread-safe: one lock.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+import uuid
 from collections.abc import Iterator
 
 from dra_driver.apimachinery import schema
@@ -44,8 +46,10 @@ class InMemoryApi(memstate.ClusterState):
             self.calls.append(Call("list_resource_slices", node_name, 200))
             return items, str(self._rv)
 
-    def create_resource_slice(self, obj: Obj) -> Obj:
-        method = "create_resource_slice"
+    def create_resource_slice(self, obj: Obj, *, dry_run: bool = False) -> Obj:
+        """``dry_run`` (``?dryRun=All``): decoded, dropped, validated and answered as stored,
+        without ``resourceVersion``, but nothing is stored, logged or counted as a write."""
+        method = "dry_run_create_resource_slice" if dry_run else "create_resource_slice"
         with self._lock:
             new = self._decode_input(method, obj, "ResourceSlice")
             meta = new["metadata"]
@@ -63,6 +67,9 @@ class InMemoryApi(memstate.ClusterState):
             serverbits.fill_taint_times(new)
             new = schema.storage_form("ResourceSlice", new)
             meta = new["metadata"]
+            if dry_run:
+                meta.update(uid=str(uuid.uuid4()), creationTimestamp=serverbits.now(), generation=1)
+                return self._ok(method, name, new, 201)
             self._new_meta(new)
             self._slices[name] = new
             self._log.append("ADDED", new)

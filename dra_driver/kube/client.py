@@ -12,7 +12,8 @@ driver. The JSON requests themselves (a claim GET per prepare, the publisher's w
 CPU per request; the library's own HTTP stack is kept for watches, for proxy set-ups and for
 the rare Node label patch (a media type of its own). Every failure becomes the port's
 :class:`~dra_driver.kube.api.ApiError` family, with status 0 when the server could not be
-reached at all.
+reached at all. Beyond the port it answers what ``dra-driver doctor`` asks (``/version``, API
+discovery, dry-run creates, access reviews: :mod:`dra_driver.kube.features`).
 
 A watch asks the server to end it after ``timeout_s``; a watch connection that has stayed
 silent for ``watch_silence_s`` past that is dead (a proxy or NAT that dropped it without a
@@ -203,6 +204,36 @@ class KubeClient:
             timeout=(self._timeout[0], silence),
         )
         return self._events(response, silence)
+
+    # ------------------------------------------------------------------ beyond the port
+    # What ``dra-driver doctor`` asks (:mod:`dra_driver.kube.features`); the agent never does.
+    @property
+    def server(self) -> str:
+        """The API server's URL, as the configuration names it."""
+        return str(self._client.configuration.host)
+
+    def get_version(self) -> api.Obj:
+        """``GET /version``: the server's build (``gitVersion``, ``major``, ``minor``, ...)."""
+        return self._json("GET", "/version")
+
+    def get_api_group(self, group: str) -> api.Obj:
+        """``GET /apis/<group>``: the ``APIGroup`` (versions served, preferred version)."""
+        return self._json("GET", f"/apis/{_q(group)}")
+
+    def dry_run_create_resource_slice(self, obj: api.Obj) -> api.Obj:
+        """``POST ...?dryRun=All``: the slice as the server would store it; nothing stored."""
+        return self._json("POST", f"{_GROUP}/resourceslices", query=[("dryRun", "All")], body=obj)
+
+    def access_review(self, verb: str, group: str, resource: str) -> api.Obj:
+        """A ``SelfSubjectAccessReview`` of ``verb`` on ``resource`` (cluster-wide)."""
+        review = {
+            "kind": "SelfSubjectAccessReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource}},
+        }
+        return self._json(
+            "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=review
+        )
 
     # ------------------------------------------------------------------ HTTP
     def _json(
