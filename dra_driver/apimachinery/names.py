@@ -19,11 +19,13 @@ QUALIFIED_NAME_MAX = 63
 LABEL_VALUE_MAX = 63
 
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL = re.compile(rf"^{_LABEL}$")
-_DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# Used with fullmatch: Go's ``^...$`` (no multi-line flag) ends at the end of the text, where
+# Python's ``$`` would also match before a final newline ("gpu\n" is not a valid name).
+_DNS_LABEL = re.compile(_LABEL)
+_DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_QUALIFIED_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 _DNS_LABEL_MSG = (
     "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and "
@@ -58,32 +60,38 @@ def max_len(limit: int) -> str:
     return f"must be no more than {limit} characters"
 
 
+def _too_long(value: str, limit: int) -> bool:
+    """Go's ``len(value) > limit``: a length in bytes (UTF-8), not in characters."""
+    return len(value.encode()) > limit
+
+
 def dns_label(value: str) -> list[str]:
     """``IsDNS1123Label``: device names, request names, counter names.
 
     A valid subdomain that is not a label can only be wrong by its dots, and the server says so.
     """
     problems = []
-    if len(value) > DNS_LABEL_MAX:
+    if _too_long(value, DNS_LABEL_MAX):
         problems.append(max_len(DNS_LABEL_MAX))
-    if not _DNS_LABEL.match(value):
-        problems.append("must not contain dots" if _DNS_SUBDOMAIN.match(value) else _DNS_LABEL_MSG)
+    if not _DNS_LABEL.fullmatch(value):
+        dots = _DNS_SUBDOMAIN.fullmatch(value)
+        problems.append("must not contain dots" if dots else _DNS_LABEL_MSG)
     return problems
 
 
 def dns_subdomain(value: str) -> list[str]:
     """``IsDNS1123Subdomain``: object names, node names, device class names, pool name parts."""
     problems = []
-    if len(value) > DNS_SUBDOMAIN_MAX:
+    if _too_long(value, DNS_SUBDOMAIN_MAX):
         problems.append(max_len(DNS_SUBDOMAIN_MAX))
-    if not _DNS_SUBDOMAIN.match(value):
+    if not _DNS_SUBDOMAIN.fullmatch(value):
         problems.append(_DNS_SUBDOMAIN_MSG)
     return problems
 
 
 def c_identifier(value: str) -> list[str]:
     """``IsCIdentifier``: the format only; callers check the length themselves."""
-    return [] if _C_IDENTIFIER.match(value) else [_C_IDENTIFIER_MSG]
+    return [] if _C_IDENTIFIER.fullmatch(value) else [_C_IDENTIFIER_MSG]
 
 
 def qualified_name(value: str) -> list[str]:
@@ -106,9 +114,9 @@ def qualified_name(value: str) -> list[str]:
     name = parts[-1]
     if not name:
         problems.append("name part must be non-empty")
-    elif len(name) > QUALIFIED_NAME_MAX:
+    elif _too_long(name, QUALIFIED_NAME_MAX):
         problems.append(f"name part {max_len(QUALIFIED_NAME_MAX)}")
-    if not _QUALIFIED_NAME_PART.match(name):
+    if not _QUALIFIED_NAME_PART.fullmatch(name):
         problems.append(f"name part {_QUALIFIED_NAME_REGEX_MSG}")
     return problems
 
@@ -116,9 +124,9 @@ def qualified_name(value: str) -> list[str]:
 def label_value(value: str) -> list[str]:
     """``IsValidLabelValue``: label values, taint and toleration values."""
     problems = []
-    if len(value) > LABEL_VALUE_MAX:
+    if _too_long(value, LABEL_VALUE_MAX):
         problems.append(max_len(LABEL_VALUE_MAX))
-    if not _LABEL_VALUE.match(value):
+    if not _LABEL_VALUE.fullmatch(value):
         problems.append(_LABEL_VALUE_MSG)
     return problems
 

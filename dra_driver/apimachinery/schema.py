@@ -16,7 +16,6 @@ Type notation: ``string``, ``int``, ``bool``, ``quantity``, ``time``, ``json`` (
 
 from __future__ import annotations
 
-import datetime
 import re
 from typing import Any
 
@@ -233,11 +232,17 @@ TYPES: dict[str, dict[str, str]] = {
     },
 }
 
-# Go's time.Parse with the RFC 3339 layout (metav1.Time.UnmarshalJSON): upper-case 'T' and
-# 'Z', optional fraction, numeric offset; the fields are then range-checked (_time_ok).
+# What Go's time.Parse(time.RFC3339, ...) accepts (metav1.Time.UnmarshalJSON): its fast path
+# (parseRFC3339) or, when that fails, the general layout parser (time.parse). The general parser
+# is the lenient one: the hour ("15", stdHour) may have one digit, the fraction after the seconds
+# may start with ',' as well as '.', and the offset's range test is ``hr > 24`` / ``mm > 60``
+# ("some people do write offsets of 24 hours or 60 minutes"). ASCII digits only, upper-case 'T'
+# and 'Z', nothing after the zone. Fields are range-checked in time_instant.
 _RFC3339 = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.\d+)?(?:Z|[+-](\d{2}):(\d{2}))$"
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{1,2}):([0-9]{2}):([0-9]{2})"
+    r"(?:[.,]([0-9]+))?(?:Z|([+-])([0-9]{2}):([0-9]{2}))"
 )
+_DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 _RFC3339_LAYOUT = "2006-01-02T15:04:05Z07:00"
 _INT64 = (-(2**63), 2**63 - 1)
 # Go's ParseQuantity error for anything that is not a quantity (empty included).
@@ -397,17 +402,48 @@ def _quantity_text(value: Any) -> str | None:
 
 
 def _time_ok(value: str) -> bool:
-    """Date and time fields in range, and a numeric offset within RFC 3339's 23:59."""
-    match = _RFC3339.match(value)
+    return time_instant(value) is not None
+
+
+def time_instant(value: str) -> int | None:
+    """The instant ``value`` names, in nanoseconds since 1970 UTC, if Go's
+    ``time.Parse(time.RFC3339, value)`` accepts it, else None. Years 0000-9999 (year 0 is a
+    leap year, as Go's ``isLeap`` has it), month 1-12, a day that the month has, hour 0-23,
+    minute and second 0-59, offset hours up to 24 and offset minutes up to 60 (Go's ``parse``
+    tests ``>``, not ``>=``); fractions are truncated to nanoseconds (``parseNanoseconds``).
+    Two spellings of one instant are equal, as ``metav1.Time`` values are for
+    ``apiequality.Semantic`` (``a.UTC() == b.UTC()``)."""
+    match = _RFC3339.fullmatch(value)
     if not match:
-        return False
+        return None
     year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
-    try:
-        datetime.datetime(year, month, day, hour, minute, second)
-    except ValueError:
-        return False
-    off_h, off_m = match.groups()[6:]
-    return off_h is None or (int(off_h) < 24 and int(off_m) < 60)
+    fraction, sign, off_h, off_m = match.groups()[6:]
+    if not 1 <= month <= 12 or not 1 <= day <= _days_in(month, year):
+        return None
+    if hour > 23 or minute > 59 or second > 59:
+        return None
+    offset = 0
+    if sign:
+        if int(off_h) > 24 or int(off_m) > 60:
+            return None
+        offset = (int(off_h) * 60 + int(off_m)) * 60 * (1 if sign == "+" else -1)
+    seconds = _days_since_epoch(year, month, day) * 86400 + hour * 3600 + minute * 60 + second
+    nanos = int((fraction or "0")[:9].ljust(9, "0"))
+    return (seconds - offset) * 1_000_000_000 + nanos
+
+
+def _days_in(month: int, year: int) -> int:
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    return 29 if month == 2 and leap else _DAYS_IN_MONTH[month - 1]
+
+
+def _days_since_epoch(year: int, month: int, day: int) -> int:
+    """Days from 1970-01-01 in the proleptic Gregorian calendar, year 0 included (which
+    :mod:`datetime` cannot represent)."""
+    before = sum(_days_in(m, year) for m in range(1, month)) + day - 1
+    y = year - 1  # whole years before ``year``, counted from year 0 (a leap year)
+    years = 365 * year + (y // 4 - y // 100 + y // 400 + 1 if year > 0 else 0)
+    return years + before - 719528  # 719528: days from 0000-01-01 to 1970-01-01
 
 
 def decoded(kind: str, obj: dict[str, Any]) -> dict[str, Any]:

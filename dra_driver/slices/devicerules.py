@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.apimachinery import fielderrors, metarules, names, semver
+from dra_driver.apimachinery import fielderrors, metarules, names, schema, semver
 from dra_driver.apimachinery.fielderrors import FieldError
 from dra_driver.slices import requestpolicy
 
@@ -168,7 +168,7 @@ def device_errors(
         errors += qualified_name_errors(f"{path}.capacity", key, device=dev)
         errors += _capacity(map_key_path(f"{path}.capacity", key), cap, multi, dev)
     taints = device.get("taints") or []
-    if old is None or (old.get("taints") or []) != taints:  # unchanged taints are not rechecked
+    if old is None or not same_taints(old.get("taints") or [], taints):  # unchanged: unchecked
         errors += _taints(f"{path}.taints", taints, dev)
     errors += _consumptions(f"{path}.consumesCounters", device.get("consumesCounters") or [], dev)
     errors += _node_selection(path, device, per_device, dev)
@@ -248,8 +248,32 @@ def _capacity(path: str, cap: Mapping[str, Any], multi: bool, dev: str | None) -
     return requestpolicy.errors(f"{path}.requestPolicy", cap.get("value") or "0", policy, dev)
 
 
+def same_taints(old: list[Any], new: list[Any]) -> bool:
+    """``apiequality.Semantic.DeepEqual(oldDevice.Taints, device.Taints)``, the test
+    ``validateDevice`` uses to skip the taints of an updated device: a nil and an empty list
+    are equal, an unset key, value or effect is ``""``, and ``timeAdded`` values are equal when
+    they name the same instant (``metav1.Time``: ``a.UTC() == b.UTC()``, nanoseconds kept),
+    however they are spelled; an unset ``timeAdded`` equals only an unset one."""
+    return len(old) == len(new) and all(
+        _taint_fields(a) == _taint_fields(b) for a, b in zip(old, new, strict=True)
+    )
+
+
+def _taint_fields(taint: Any) -> tuple[str, str, str, int | str | None]:
+    taint = taint if isinstance(taint, Mapping) else {}
+    added = taint.get("timeAdded")
+    instant = None if added is None else schema.time_instant(added)
+    return (
+        taint.get("key") or "",
+        taint.get("value") or "",
+        taint.get("effect") or "",
+        added if added is not None and instant is None else instant,
+    )
+
+
 def _taints(path: str, taints: list[Any], dev: str | None) -> list[FieldError]:
-    """``validateSlice(taints, 16, validateDeviceTaint)``: too many short-circuits."""
+    """``validateSlice(taints, 16, validateDeviceTaint)``: too many short-circuits. Unlike pod
+    and node taints, device taints may repeat a key and effect (a slice, not a set)."""
     if len(taints) > MAX_TAINTS:
         return [fielderrors.too_many(path, len(taints), MAX_TAINTS, device=dev)]
     errors: list[FieldError] = []
@@ -259,9 +283,14 @@ def _taints(path: str, taints: list[Any], dev: str | None) -> list[FieldError]:
 
 
 def taint_errors(path: str, taint: Mapping[str, Any], dev: str | None = None) -> list[FieldError]:
-    """``validateDeviceTaint``: the key is a label name (an empty key fails that check twice,
-    there is no separate "required"), a non-empty value is a label value, the effect is
-    required and one of ``None``, ``NoSchedule``, ``NoExecute``."""
+    """``validateDeviceTaint(taint, nil, ...)``: the key is a label name
+    (``metav1validation.ValidateLabelName``: an empty key fails that check twice, there is no
+    separate "required"), a non-empty value is a label value (``IsValidLabelValue``), the
+    effect is required and one of ``validDeviceTaintEffects`` (``None``, ``NoSchedule``,
+    ``NoExecute``; no ``PreferNoSchedule``). ``timeAdded`` is not validated: any time that
+    decodes is accepted (see :func:`dra_driver.apimachinery.schema.time_instant`). A slice
+    passes no old taint, so the effect is checked on create and update alike (only a
+    DeviceTaintRule update skips an unchanged effect); gates play no part here."""
     errors = metarules.label_name(f"{path}.key", taint.get("key") or "", device=dev)
     value = taint.get("value") or ""
     if value:

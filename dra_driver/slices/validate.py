@@ -132,7 +132,9 @@ def _devices(spec: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[Fie
     if len(devices) > limit:  # short-circuits: no device is looked at
         return [fielderrors.too_many("spec.devices", len(devices), limit)]
     per_device = spec.get("perDeviceNodeSelection") is True
-    old_devices = {d.get("name"): d for d in (old or {}).get("devices") or []}
+    old_devices: dict[Any, Mapping[str, Any]] = {}
+    for old_device in (old or {}).get("devices") or []:  # lookupDevice: the first of a name
+        old_devices.setdefault(old_device.get("name"), old_device)
     errors: list[FieldError] = []
     for i, device in enumerate(devices):
         errors += devicerules.device_errors(

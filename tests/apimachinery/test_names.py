@@ -3,6 +3,8 @@ the server distinguishes (dots in a label, empty parts, length and format both f
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from dra_driver.apimachinery import names
@@ -92,3 +94,36 @@ def test_label_value_and_c_identifier() -> None:
 )
 def test_extended_resource_names(value: str, ok: bool) -> None:
     assert names.is_extended_resource_name(value) is ok
+
+
+@pytest.mark.parametrize(
+    ("check", "value", "expected"),
+    [
+        # Go's `^...$` ends at the end of the text; Python's `$` also matches before a final
+        # newline, which must not make these names valid.
+        (names.dns_label, "gpu-0\n", [LABEL]),
+        (names.dns_subdomain, "example.com\n", [SUBDOMAIN]),
+        (names.qualified_name, "k\n", [NAME_PART]),
+        (names.qualified_name, "example.com\n/k", [f"prefix part {SUBDOMAIN}"]),
+        (names.label_value, "v\n", ["a valid label must be an empty string or"]),
+        (names.c_identifier, "x\n", ["a valid C identifier must start with alph"]),
+    ],
+)
+def test_a_trailing_newline_is_not_part_of_a_valid_name(
+    check: Callable[[str], list[str]], value: str, expected: list[str]
+) -> None:
+    assert starts(check(value), expected)
+
+
+def test_lengths_are_counted_in_bytes_as_go_does() -> None:
+    # 32 two-byte characters: 64 bytes, over the 63 that len() measures in Go
+    assert starts(
+        names.label_value("é" * 32),
+        ["must be no more than 63 characters", "a valid label must be an empty string or"],
+    )
+    assert starts(
+        names.qualified_name("é" * 32),
+        ["name part must be no more than 63 characters", NAME_PART],
+    )
+    assert starts(names.dns_label("é" * 32), ["must be no more than 63 characters", LABEL])
+    assert starts(names.label_value("é" * 31), ["a valid label must be an empty string or"])

@@ -329,14 +329,66 @@ def test_a_quantity_error_quotes_the_reason_only() -> None:
         ("2026-11-22T00:00:59Z", True),
         ("2026-11-22T00:00:60Z", False),  # seconds are range-checked too
         ("2026-11-22T23:59:00+23:59", True),
-        ("2026-11-22T00:00:00+24:00", False),
-        ("2026-11-22T00:00:00-05:60", False),
+        # Go's general parser tests the offset with `hr > 24` / `mm > 60`, not >=: "some
+        # people do write offsets of 24 hours or 60 minutes" (time/format.go, parse).
+        ("2026-11-22T00:00:00+24:00", True),
+        ("2026-11-22T00:00:00-05:60", True),
+        ("2026-11-22T00:00:00+24:60", True),
+        ("2026-11-22T00:00:00+25:00", False),
+        ("2026-11-22T00:00:00-00:61", False),
         ("2026-13-01T00:00:00Z", False),
+        ("2026-00-01T00:00:00Z", False),
+        ("2026-11-00T00:00:00Z", False),
+        ("2026-11-31T00:00:00Z", False),
+        ("2024-02-29T00:00:00Z", True),  # leap years as Go's isLeap has them
+        ("2000-02-29T00:00:00Z", True),
+        ("1900-02-29T00:00:00Z", False),
+        ("0000-02-29T00:00:00Z", True),  # year 0 exists for Go (and is a leap year)
+        ("0000-01-01T00:00:00Z", True),
+        ("9999-12-31T23:59:59Z", True),
     ],
 )
 def test_time_fields_and_offsets_are_range_checked(value: str, ok: bool) -> None:
     device = {"name": "gpu-0", "taints": [{"key": "k", "effect": "None", "timeAdded": value}]}
     assert (decode(slice_obj(devices=[device])) == []) is ok
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("2026-11-22T7:00:00Z", True),  # the general parser reads the hour ("15") as 1-2 digits
+        ("2026-11-22T007:00:00Z", False),
+        ("2026-11-22T00:0:00Z", False),  # minutes, seconds, month and day have two digits
+        ("2026-1-22T00:00:00Z", False),
+        ("2026-11-22T00:00:00,5Z", True),  # a fraction may follow a comma too
+        ("2026-11-22T00:00:00.123456789123Z", True),  # any number of digits, truncated
+        ("2026-11-22T00:00:00.Z", False),  # a separator without a digit
+        ("2026-11-22T00:00:00Z\n", False),  # nothing may follow the zone
+        ("2026-11-22T00:00:00Z ", False),
+        ("\uff12\uff10\uff12\uff16-11-22T00:00:00Z", False),  # ASCII digits only
+        ("2026-11-22T00:00:00+0530", False),
+        ("2026-11-22T00:00:00 05:30", False),
+    ],
+)
+def test_times_are_read_like_gos_general_rfc3339_parser(value: str, ok: bool) -> None:
+    device = {"name": "gpu-0", "taints": [{"key": "k", "effect": "None", "timeAdded": value}]}
+    assert (decode(slice_obj(devices=[device])) == []) is ok
+
+
+def test_time_instant_is_the_same_for_every_spelling_of_a_time() -> None:
+    utc = schema.time_instant("2026-11-22T00:00:00Z")
+    assert utc == 1_795_305_600 * 10**9
+    assert schema.time_instant("2026-11-22T05:30:00+05:30") == utc
+    assert schema.time_instant("2026-11-23T00:00:00+24:00") == utc
+    assert schema.time_instant("2026-11-22T00:00:00.000Z") == utc
+    assert schema.time_instant("2026-11-22T00:00:00,000000001Z") == utc + 1
+    assert schema.time_instant("2026-11-22T00:00:00.0000000019Z") == utc + 1  # truncated
+    assert schema.time_instant("1970-01-01T00:00:00Z") == 0
+    # 366 days (year 0 is a leap year) from 0000-01-01 to the Go zero time 0001-01-01
+    zero = schema.time_instant("0001-01-01T00:00:00Z")
+    assert zero == -62_135_596_800 * 10**9
+    assert schema.time_instant("0000-01-01T00:00:00Z") == zero - 366 * 86_400 * 10**9
+    assert schema.time_instant("2026-02-30T00:00:00Z") is None
 
 
 def test_null_list_items_and_map_values_are_zero_values_of_their_type() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dra_driver.apimachinery import fielderrors
-from dra_driver.slices import validate
+from dra_driver.slices import devicerules, validate
 
 from .conftest import Obj, slice_with
 
@@ -294,6 +294,206 @@ def test_unchanged_taints_are_not_checked_again_on_update() -> None:
         "spec.devices[0].taints[0].effect",
         "spec.devices[0].taints[1].effect",
     ]
+
+
+def taint_lines(*taints: Obj) -> list[str]:
+    """Each error as the server words it (our rendering adds the device's name)."""
+    return [str(e) for e in validate.validate(slice_with([dev(taints=list(taints))]))]
+
+
+G0 = "(device 'gpu-0')"
+LABEL_VALUE_MSG = (
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or "
+    "'my_value',  or '12345', regex used for validation is "
+    "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+)
+NAME_PART_FULL = (
+    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and "
+    "end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex "
+    "used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "k",
+        "K",  # the name part may have upper case
+        "a" * 63,  # qualifiedNameMaxLength
+        "a" + "-_." * 20 + "z",
+        ("d" * 253) + "/k",  # the prefix is a DNS subdomain: up to 253
+        "gpu.nvidia.com/" + "x" * 63,
+        "1/2",
+    ],
+)
+def test_taint_keys_the_server_accepts(key: str) -> None:
+    assert taint_lines({"key": key, "effect": "NoSchedule"}) == []
+
+
+def test_taint_key_boundaries_word_errors_like_the_server() -> None:
+    assert taint_lines({"key": ("d" * 254) + "/k", "effect": "None"}) == [
+        f'spec.devices[0].taints[0].key: Invalid value: "{"d" * 254}/k": '
+        f"prefix part must be no more than 253 characters {G0}"
+    ]
+    assert taint_lines({"key": "a" * 64, "effect": "None"}) == [
+        f'spec.devices[0].taints[0].key: Invalid value: "{"a" * 64}": '
+        f"name part must be no more than 63 characters {G0}"
+    ]
+    # Go's regexp `$` is the end of the text: a trailing newline is a bad character
+    assert taint_lines({"key": "gpu\n", "effect": "None"}) == [
+        f'spec.devices[0].taints[0].key: Invalid value: "gpu\\n": {NAME_PART_FULL} {G0}'
+    ]
+
+
+@pytest.mark.parametrize("value", ["", "v", "V" * 63, "79", "a.b-c_d", "1.2.3"])
+def test_taint_values_the_server_accepts(value: str) -> None:
+    assert taint_lines({"key": "k", "value": value, "effect": "NoExecute"}) == []
+
+
+def test_taint_value_boundaries_word_errors_like_the_server() -> None:
+    assert taint_lines({"key": "k", "value": "v" * 64, "effect": "None"}) == [
+        f'spec.devices[0].taints[0].value: Invalid value: "{"v" * 64}": '
+        f"must be no more than 63 characters {G0}"
+    ]
+    assert taint_lines({"key": "k", "value": "v\n", "effect": "None"}) == [
+        f'spec.devices[0].taints[0].value: Invalid value: "v\\n": {LABEL_VALUE_MSG} {G0}'
+    ]
+    # Go measures len() in bytes: 32 two-byte characters are too long *and* malformed
+    assert [
+        e.detail
+        for e in validate.validate(
+            slice_with([dev(taints=[{"key": "k", "value": "é" * 32, "effect": "None"}])])
+        )
+    ] == ["must be no more than 63 characters", LABEL_VALUE_MSG]
+
+
+@pytest.mark.parametrize("effect", ["None", "NoSchedule", "NoExecute"])
+def test_each_device_taint_effect_is_accepted(effect: str) -> None:
+    assert taint_lines({"key": "k", "effect": effect}) == []
+
+
+@pytest.mark.parametrize("effect", ["none", "noschedule", "PreferNoSchedule", " None"])
+def test_other_effects_are_unsupported_values(effect: str) -> None:
+    assert taint_lines({"key": "k", "effect": effect}) == [
+        f'spec.devices[0].taints[0].effect: Unsupported value: "{effect}": supported values: '
+        f'"NoExecute", "NoSchedule", "None" {G0}'
+    ]
+
+
+def test_sixteen_taints_are_the_most_and_repeats_are_allowed() -> None:
+    # validateSlice, not validateSet: unlike node taints, the same key and effect may repeat
+    same = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"}
+    assert taint_lines(*[same] * 16) == []
+    assert taint_lines(*[same] * 17) == [
+        f"spec.devices[0].taints: Too many: 17: must have at most 16 items {G0}"
+    ]
+
+
+@pytest.mark.parametrize(
+    "added",
+    [
+        "2026-11-22T00:00:00Z",
+        "0001-01-01T00:00:00Z",  # the Go zero time
+        "0000-01-01T00:00:00Z",  # year 0: Go accepts it
+        "2099-01-01T00:00:00Z",  # in the future: no rule against it
+        "2026-11-22T00:00:00+24:00",  # Go's parser allows offsets of 24 hours or 60 minutes
+        "2026-11-22T00:00:00-05:60",
+        "2026-11-22T7:00:00Z",  # a one-digit hour
+        "2026-11-22T00:00:00,5Z",  # a comma before the fraction
+    ],
+)
+def test_time_added_is_not_validated_beyond_decoding(added: str) -> None:
+    assert taint_lines({"key": "k", "effect": "NoSchedule", "timeAdded": added}) == []
+
+
+def test_sixty_four_tainted_devices_per_slice() -> None:
+    tainted = [dev(f"d{i}", taints=[{"key": "k", "effect": "None"}]) for i in range(65)]
+    assert paths(slice_with(tainted[:64])) == []
+    assert [str(e) for e in validate.validate(slice_with(tainted))] == [
+        "spec.devices: Too many: 65: must have at most 64 items"
+    ]
+    untainted = [dev(f"d{i}", taints=[]) for i in range(65)]  # an empty list is no taint
+    assert paths(slice_with(untainted)) == []
+
+
+def stale(**taint: Any) -> Obj:
+    """A stored slice whose taint a 1.36 server would refuse now (e.g. an effect of a newer
+    server, which consumers must treat like None)."""
+    return slice_with([dev(taints=[{"key": "k", "effect": "Later", **taint}])])
+
+
+@pytest.mark.parametrize(
+    "resent",
+    [
+        {"key": "k", "effect": "Later", "value": ""},  # "" and unset are the same string
+        {"key": "k", "effect": "Later", "timeAdded": None},
+    ],
+)
+def test_an_update_compares_taints_semantically(resent: Obj) -> None:
+    old = stale()
+    new = copy.deepcopy(old)
+    new["spec"]["devices"][0]["taints"] = [resent]
+    assert validate.validate_update(old, new) == []
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "2026-11-22T05:30:00+05:30",
+        "2026-11-22T00:00:00.000000000Z",
+        "2026-11-23T00:00:00+24:00",
+        "2026-11-22T00:00:00,0Z",
+    ],
+)
+def test_an_update_compares_time_added_as_an_instant(spelling: str) -> None:
+    # apiequality.Semantic compares metav1.Time values with a.UTC() == b.UTC()
+    old = stale(timeAdded="2026-11-22T00:00:00Z")
+    new = copy.deepcopy(old)
+    new["spec"]["devices"][0]["taints"][0]["timeAdded"] = spelling
+    assert validate.validate_update(old, new) == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"timeAdded": "2026-11-22T00:00:00.5Z"},  # another instant (nanoseconds count)
+        {"timeAdded": None},  # unset is not a time (the server would default it to now)
+        {"value": "v"},
+        {"key": "j"},
+    ],
+)
+def test_a_changed_taint_list_is_checked_whole_on_update(change: Obj) -> None:
+    old = stale(timeAdded="2026-11-22T00:00:00Z")
+    new = copy.deepcopy(old)
+    taint = new["spec"]["devices"][0]["taints"][0]
+    taint.update(change)
+    if taint.get("timeAdded") is None:
+        taint.pop("timeAdded")
+    assert validate.validate_update(old, new) == [
+        fielderrors.not_supported(
+            "spec.devices[0].taints[0].effect",
+            "Later",
+            devicerules.TAINT_EFFECTS,
+            device="gpu-0",
+        )
+    ]
+
+
+def test_an_update_checks_taints_of_a_new_device_and_of_a_reordered_list() -> None:
+    old = slice_with(
+        [dev(taints=[{"key": "a", "effect": "Later"}, {"key": "b", "effect": "None"}])]
+    )
+    new = copy.deepcopy(old)
+    new["spec"]["devices"][0]["taints"].reverse()
+    assert paths_update(old, new) == ["spec.devices[0].taints[1].effect"]
+    new = copy.deepcopy(old)
+    new["spec"]["devices"][0]["name"] = "gpu-1"  # no old device of that name
+    assert paths_update(old, new) == ["spec.devices[0].taints[0].effect"]
+
+
+def paths_update(old: Obj, new: Obj) -> list[str]:
+    return [e.path for e in validate.validate_update(old, new)]
 
 
 # --- device names, list limits, counters, node selection, binding conditions -------------------
