@@ -328,10 +328,12 @@ def test_node_agent_hook_starts_and_stops(mem: memory.InMemoryApi, log: Recorder
     )
     try:
         wait_for(pub.synced.is_set)
-        # The agent's pool: a slice of per-GPU counters, then 4 GPUs and 3 GPU sets.
-        stored = sorted(mem.all_resource_slices(), key=lambda s: s["metadata"]["name"])
-        assert [len(s["spec"].get("devices") or []) for s in stored] == [0, 7]
-        assert [c["name"] for c in stored[0]["spec"]["sharedCounters"]] == ["gpus"]
+        # The agent's pool: one slice of 4 GPUs carrying their set ranks, no counters.
+        (stored,) = mem.all_resource_slices()
+        devices = stored["spec"]["devices"]
+        assert [d["name"] for d in devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+        assert [d["attributes"]["setRank2"]["int"] for d in devices] == [1, 1, 2, 2]
+        assert "sharedCounters" not in stored["spec"]
     finally:
         pub.stop()
 
