@@ -141,10 +141,10 @@ def test_each_event_kind_taints_the_device_and_recovery_clears_it(
     key, value, effect = taint
     assert {"key": key, "value": value, "effect": effect} in taints(agent, device)
     assert agent.generation() == generation + 1  # one bump for the change
-    # Besides the GPU's own device, only the GPU sets holding it carry its taint.
-    holding = {d for d in agent.devices() if d.startswith("gpus-") and index in d.split("-")}
-    assert holding and all(taints(agent, d) == taints(agent, device) for d in holding)
-    assert all(taints(agent, d) == [] for d in agent.devices() if d not in {device, *holding})
+    # Only the GPU's own device carries its taint, and it leaves every ranked set.
+    assert all(taints(agent, d) == [] for d in agent.devices() if d != device)
+    ranks = {k: v for k, v in agent.devices()[device]["attributes"].items() if "setRank" in k}
+    assert ranks and all(v == {"int": 0} for v in ranks.values())
     for s in agent.slices():
         assert validate.validate(s) == []
     assert agent.status()[device]["health"] == "Unhealthy"
