@@ -145,16 +145,6 @@ def trim(obj: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def without_sets(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """A slice for display: its GPU-set devices but the first left out (their names returned)."""
-    devices = obj["spec"].get("devices") or []
-    sets = [d for d in devices if (d.get("attributes") or {}).get("type") == {"string": "gpu-set"}]
-    if len(sets) <= 1:
-        return obj, []
-    kept = [d for d in devices if d not in sets[1:]]
-    return {**obj, "spec": {**obj["spec"], "devices": kept}}, [d["name"] for d in sets[1:]]
-
-
 def claim_from(docs: list[dict[str, Any]], *, name: str) -> dict[str, Any]:
     """A ResourceClaim in the demo namespace from a document list's first document (a claim
     or a template)."""

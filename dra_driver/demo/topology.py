@@ -1,18 +1,20 @@
 """The topology demo scene: on a fragmented DGX-1 a plain claim gets a poor GPU set, the claim
 ``dra-driver claim`` writes gets the best one, through the agent's own published slices.
 
-Steps: the agent publishes its slices (per-GPU counters, GPUs, GPU sets best first) → a pod
-already holds gpu-0 → what kube-scheduler (replayed step for step) gives a plain ``count: 4``
-claim and the generated claim, with NVLink link counts against the best the node has → the
-generated claim is allocated and the kubelet prepares it: the container gets exactly the four
-GPUs of the set → a claim whose devices overlap in GPUs is refused → clean-up.
+Steps: the agent publishes its slices (8 GPUs, each with its set ranks) → the kubelet prepares a
+claim holding gpu-0 and the agent re-ranks the GPUs left free → what kube-scheduler (replayed
+step for step) gives a plain ``count: 4`` claim and the generated claim, with NVLink link counts
+against the best the node has → the generated claim is allocated and the kubelet prepares it:
+the container gets exactly those four GPUs → a claim whose devices overlap in GPUs is refused →
+gpu-0's claim goes and the ranks come back → clean-up.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,10 @@ from dra_driver.kubelet import sim
 
 PROFILE = "dgx-1-v100"
 SIZE = 4
+RANK = f"setRank{SIZE}"
 NAMESPACE = rigging.NAMESPACE
 Report = reporting.Report
+Slices = list[dict[str, Any]]
 
 
 def scene(
@@ -44,29 +48,39 @@ def scene(
         report, base=base, backend=node, node_name=node_name, driver_name=driver_name
     ) as rig:
         slices = rig.slices()
-        sets = [
-            d["name"]
-            for s in slices
-            for d in s["spec"].get("devices", [])
-            if d["name"].startswith("gpus-")
-        ]
+        gpus = [d["name"] for s in slices for d in s["spec"].get("devices", [])]
         counters = [c["name"] for s in slices for c in s["spec"].get("sharedCounters", [])]
         report.check(
-            bool(sets) and counters == ["gpus"],
-            f"the agent published {len(slices)} ResourceSlices: counter set {counters}, "
-            f"8 GPUs and {len(sets)} GPU sets, best first (first four: {', '.join(sets[:4])})",
+            len(slices) == 1 and len(gpus) == 8 and not counters,
+            f"the agent published {len(slices)} ResourceSlice: {len(gpus)} GPUs, no counters",
         )
-        _story(report, rig, slices, devices)
+        report.say(f"     {RANK} (rank among the best free sets of {SIZE} GPUs): {_ranks(slices)}")
+        kubelet = sim.KubeletSim(rig.plugin.registry_dir)
+        try:
+            kubelet.register(rig.driver_name)
+            _story(report, rig, kubelet, devices)
+        finally:
+            kubelet.close()
 
 
 def _story(
-    report: Report, rig: rigging.Rig, slices: list[dict[str, Any]], devices: model.NodeDevices
+    report: Report, rig: rigging.Rig, kubelet: sim.KubeletSim, devices: model.NodeDevices
 ) -> None:
     node_name = rig.node_name
     classes = simulator.builtin_classes(driver_name=rig.driver_name)
     names = {g.uuid: g.name for g in devices.gpus}
     busy = (rig.driver_name, node_name, "gpu-0")
-    report.section("A pod already holds gpu-0: the node is fragmented")
+    report.section("A pod holds gpu-0: the kubelet prepares its claim, the agent re-ranks")
+    before = rig.slices()
+    held = _put(rig, _plain_claim("holds-gpu-0", 1), _results(rig, "gpu-0"))
+    answer = kubelet.prepare([held]).claims[held.uid]
+    report.check(not answer.error, "prepared the claim holding gpu-0")
+    slices = _wait(rig, lambda s: _ranks(s) != _ranks(before))
+    report.say(f"     {RANK} now: {_ranks(slices)}")
+    report.check(
+        [g for g, r in _ranks(slices).items() if r == 1] == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"],
+        "rank 1 for 4 GPUs moved to gpu-4..gpu-7, the best quad left free",
+    )
 
     def allocate(obj: dict[str, Any]) -> allocator.Outcome:
         ctx = allocator.prepare(
@@ -80,10 +94,10 @@ def _story(
         outcome = allocator.schedule(ctx)
         best = allocator.best_gpus(ctx, SIZE)
         if outcome.allocation is not None and outcome.score is not None and best is not None:
-            gpus = ", ".join(names[u] for u in outcome.gpus)
-            results = ", ".join(r["device"] for r in outcome.allocation["devices"]["results"])
-            same = results == gpus
-            report.say(f"     kube-scheduler allocates: {results}" + ("" if same else f" = {gpus}"))
+            results = outcome.allocation["devices"]["results"]
+            picked = ", ".join(r["device"] for r in results)
+            request = results[0]["request"]
+            report.say(f"     kube-scheduler allocates: {picked} (request {request})")
             report.say(
                 f"     {outcome.score[0]} NVLink links between them; the best {SIZE} free GPUs "
                 f"({', '.join(names[u] for u in best[0])}) have {best[1][0]}"
@@ -92,11 +106,11 @@ def _story(
 
     plain_claim = claimgen.claim(SIZE, nvlink="any", name="plain-4")
     report.say(f"\n  -- a plain claim for {SIZE} GPUs (dra-driver claim --gpus 4 --nvlink any)")
-    report.block(yaml.safe_dump(plain_claim["spec"], sort_keys=False), indent="     ")
+    report.block(yaml.safe_dump(plain_claim["spec"], sort_keys=False, width=120), indent="     ")
     plain = allocate(plain_claim)
     best_claim = claimgen.claim(SIZE, name="best-4")
     report.say(f"\n  -- the claim dra-driver claim --gpus {SIZE} writes")
-    report.block(yaml.safe_dump(best_claim["spec"], sort_keys=False), indent="     ")
+    report.block(yaml.safe_dump(best_claim["spec"], sort_keys=False, width=120), indent="     ")
     best = allocate(best_claim)
     report.check(
         plain.score is not None and plain.score[0] == 5,
@@ -106,15 +120,40 @@ def _story(
         best.score is not None and best.score[0] == 9 and len(best.gpus) == SIZE,
         "the generated claim gets the fully connected quad gpu-4 to gpu-7: 9 links, the best",
     )
-    if best.allocation is None:
-        return
-    kubelet = sim.KubeletSim(rig.plugin.registry_dir)
-    try:
-        kubelet.register(rig.driver_name)
+    if best.allocation is not None:
         _prepare(report, rig, kubelet, best_claim, best.allocation, devices)
         _overlap(report, rig, kubelet)
-    finally:
-        kubelet.close()
+    report.section("gpu-0's pod ends: its claim is unprepared, the ranks come back")
+    gone = kubelet.unprepare([held]).claims[held.uid]
+    back = _wait(rig, lambda s: _ranks(s) == _ranks(before))
+    report.check(not gone.error and _ranks(back) == _ranks(before), f"{RANK} again: {_ranks(back)}")
+
+
+def _ranks(slices: Slices) -> dict[str, int]:
+    return {
+        d["name"]: int(d["attributes"].get(RANK, {}).get("int", 0))
+        for s in slices
+        for d in s["spec"].get("devices", [])
+    }
+
+
+def _wait(rig: rigging.Rig, ready: Callable[[Slices], bool], timeout_s: float = 10.0) -> Slices:
+    """The published slices once ``ready`` holds for them (or the last ones seen)."""
+    deadline = time.monotonic() + timeout_s
+    slices = rig.slices()
+    while not ready(slices) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        slices = rig.slices()
+    return slices
+
+
+def _plain_claim(name: str, count: int) -> dict[str, Any]:
+    return claimgen.claim(count, nvlink="any", name=name)
+
+
+def _results(rig: rigging.Rig, *devices: str) -> dict[str, Any]:
+    base = {"request": "gpus", "driver": rig.driver_name, "pool": rig.node_name}
+    return {"devices": {"results": [{**base, "device": d} for d in devices]}}
 
 
 def _put(rig: rigging.Rig, obj: dict[str, Any], allocation: Mapping[str, Any]) -> claims.ClaimRef:
@@ -136,7 +175,7 @@ def _prepare(
     allocation: Mapping[str, Any],
     devices: model.NodeDevices,
 ) -> None:
-    report.section("Kubelet prepares the generated claim: the container gets exactly the set")
+    report.section("Kubelet prepares the generated claim: the container gets exactly the four")
     ref = _put(rig, obj, allocation)
     answer = kubelet.prepare([ref]).claims[ref.uid]
     report.check(not answer.error, f"prepared {[d.device_name for d in answer.devices]}")
@@ -157,6 +196,7 @@ def _prepare(
 
 def _overlap(report: Report, rig: rigging.Rig, kubelet: sim.KubeletSim) -> None:
     report.section("A claim whose devices overlap in physical GPUs is refused")
+    report.say("     (a GPU-set device of an earlier version next to one of its GPUs)")
     result = {"request": "gpus", "driver": rig.driver_name, "pool": rig.node_name}
     allocation = {
         "devices": {"results": [{**result, "device": "gpus-4-5"}, {**result, "device": "gpu-5"}]}

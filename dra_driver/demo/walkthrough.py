@@ -84,10 +84,7 @@ def _pipeline(report: Report, rig: rigging.Rig, *, node_devices: model.NodeDevic
     report.check(api.writes == writes, "no further API writes while nothing changes")
     report.section("The ResourceSlices as the API server stores them")
     for obj in slices:
-        shown, sets = rigging.without_sets(rigging.trim(obj))
-        report.block(yaml.safe_dump(shown, sort_keys=False))
-        if sets:
-            report.say(f"  ... and {len(sets)} GPU-set devices (docs/topology.md): {_names(sets)}")
+        report.block(yaml.safe_dump(rigging.trim(obj), sort_keys=False))
 
     kubelet = sim.KubeletSim(plugin.registry_dir)
     try:
@@ -237,10 +234,6 @@ def _unprepare_all(
     if refs:
         again = kubelet.unprepare(refs[:1]).claims[refs[0].uid]
         report.check(not again.error, "unpreparing again is a no-op success")
-
-
-def _names(names: list[str], most: int = 6) -> str:
-    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
 def _request_summary(obj: dict[str, Any]) -> str:

@@ -25,9 +25,9 @@ def test_demo_default_profile_runs_green() -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "fake profile 'dgx-h100'" in out
-    # A slice of per-GPU counters; the 8 GPUs and 83 GPU sets in two slices of up to 64.
-    assert "published 3 ResourceSlice(s) with 91 device(s)" in out
-    assert "... and 55 GPU-set devices (docs/topology.md): gpus-2-3, " in out
+    # One slice: the 8 GPUs, each with its set ranks; no counters, no set devices.
+    assert "published 1 ResourceSlice(s) with 8 device(s)" in out
+    assert "setRank4:" in out and "sharedCounters" not in out and "gpus-2-3" not in out
     assert "[FAILED]" not in out
     # Every example but the one that cannot fit is prepared and unprepared.
     for example in (
@@ -47,6 +47,7 @@ def test_demo_default_profile_runs_green() -> None:
     assert "Scene 2 of 5: health" in out
     assert "key: gpu.nvidia.com/xid" in out and "effect: NoExecute" in out
     assert "[ok] discover shows gpu-0 Unhealthy (xid=79)" in out
+    assert "[ok] gpu-0 left every ranked set (setRank2..7 = 0)" in out
     assert "[ok] an eight-GPU claim no longer fits:" in out
     assert "[ok] the eight-GPU claim fits again" in out
     assert "[ok] discover: gpu-0 Healthy, recoveries 2" in out
@@ -84,11 +85,14 @@ def test_topology_scene_shows_the_plain_and_the_generated_claim() -> None:
     )
     text = out.getvalue()
     assert code == 0, text[-3000:]
-    assert "kube-scheduler allocates: gpu-1, gpu-2, gpu-3, gpu-4\n" in text
+    assert "[ok] prepared the claim holding gpu-0" in text
+    assert "[ok] rank 1 for 4 GPUs moved to gpu-4..gpu-7, the best quad left free" in text
+    assert "kube-scheduler allocates: gpu-1, gpu-2, gpu-3, gpu-4 (request gpus)\n" in text
     assert "5 NVLink links between them; the best 4 free GPUs (gpu-4, gpu-5, gpu-6, gpu-7)" in text
-    assert "kube-scheduler allocates: gpus-4-5-6-7 = gpu-4, gpu-5, gpu-6, gpu-7" in text
+    assert "kube-scheduler allocates: gpu-4, gpu-5, gpu-6, gpu-7 (request gpus/rank1)" in text
     assert "[ok] CDI device nodes: /dev/nvidia4, /dev/nvidia5, /dev/nvidia6, /dev/nvidia7" in text
     assert "gpus-4-5 and gpu-5 both use GPU gpu-5" in text
+    assert "[ok] setRank4 again: {'gpu-0': 1, 'gpu-1': 1, 'gpu-2': 1, 'gpu-3': 1, 'gpu-4': 2" in text
 
 
 def test_demo_on_mig_profile_prepares_a_mig_device() -> None:
