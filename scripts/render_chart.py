@@ -37,6 +37,7 @@ STATIC = REPO / "deployments" / "static" / "dra-driver.yaml"
 RELEASE = "dra-driver"
 NAMESPACE = "dra-driver"
 KUBE_VERSION = "1.37.0"
+SUPPORTED = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")  # the chart's kubeVersion: >=1.34.0-0
 # Apply order (like Helm's install order): identities and permissions, then the admission policy
 # so it is in force before any agent writes, then DeviceClasses, then the agents.
 KIND_ORDER = (
@@ -141,14 +142,32 @@ def validate(manifests: Iterable[Manifest], *, kube_version: str = KUBE_VERSION)
     return problems
 
 
-def lint(values: Mapping[str, Any] | None = None, *, chart: Path = CHART) -> list[str]:
-    """``helm lint --strict`` findings of warning level or worse, one line each."""
-    report = helm.lint(chart, dict(values or {}), strict=True, kube_version=f"v{KUBE_VERSION}")
+def lint(
+    values: Mapping[str, Any] | None = None,
+    *,
+    chart: Path = CHART,
+    kube_version: str = KUBE_VERSION,
+) -> list[str]:
+    """``helm lint --strict`` findings of warning level or worse, one line each, as for a
+    cluster of ``kube_version`` (the chart's ``kubeVersion`` constraint included)."""
+    report = helm.lint(chart, dict(values or {}), strict=True, kube_version=f"v{kube_version}")
     found = [str(e) for e in report.get("errors") or []]
     for msg in report.get("messages") or []:
         if int(msg.get("severity", 0)) >= 2:
             found.append(f"{msg.get('path')}: {msg.get('error')}")
     return found
+
+
+def installs_on(kube_version: str, *, chart: Path = CHART) -> bool:
+    """Whether the chart's ``kubeVersion`` (a ``>=X.Y.Z-0`` floor, the only form we use) admits
+    a cluster of ``kube_version``, as ``helm install`` checks it (pre-releases included)."""
+    text = (chart / "Chart.yaml").read_text()
+    found = re.search(r'^kubeVersion:\s*"?>=\s*(\d+)\.(\d+)\.(\d+)(?:-0)?"?\s*$', text, re.M)
+    if found is None:
+        raise RenderError(f"chart {chart.name}: kubeVersion is not a '>=X.Y.Z-0' floor")
+    floor = tuple(int(g) for g in found.groups())
+    have = tuple(int(p) for p in re.findall(r"\d+", kube_version)[:3])
+    return have >= floor
 
 
 def value_sets(chart: Path = CHART) -> dict[str, dict[str, Any]]:

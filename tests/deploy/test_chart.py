@@ -48,6 +48,19 @@ def test_value_set_renders_lints_and_validates(rc: ModuleType, name: str) -> Non
     assert rc.validate(manifests) == []
 
 
+@pytest.mark.parametrize("version", ["1.34.0", "1.35.0", "1.36.0", "1.37.0"])
+def test_the_chart_installs_on_every_supported_kubernetes(rc: ModuleType, version: str) -> None:
+    """resource.k8s.io/v1 is GA from 1.34: the defaults lint for and validate against each."""
+    assert version in rc.SUPPORTED and rc.installs_on(version)
+    assert rc.lint({}, kube_version=version) == []
+    assert rc.validate(rc.render({}), kube_version=version) == []
+
+
+def test_the_chart_refuses_kubernetes_older_than_1_34(rc: ModuleType) -> None:
+    assert not rc.installs_on("1.33.5") and not rc.installs_on("v1.33.0-gke.1")
+    assert rc.installs_on("v1.34.1-eks.2") and rc.installs_on("1.38.0")
+
+
 def test_lint_reports_problems(rc: ModuleType) -> None:
     found = rc.lint({"logging": {"level": "loud"}})
     assert found and any("/logging/level" in line for line in found)
