@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
@@ -56,7 +57,7 @@ from dra_driver.nodelabels import agent as nodelabels
 from dra_driver.nodelabels import compute as labels_compute
 from dra_driver.nodeparts import gpu_control_for, mig_control_for, mps_daemons_for
 from dra_driver.pluginsettings import PluginSettings
-from dra_driver.slices import build, leader, nodepublisher, taints
+from dra_driver.slices import build, leader, nodepublisher, serverfeatures, taints
 
 # PluginSettings and the part builders are re-exported: the CLI, the fault suite and the tests
 # configure the agent through ``app``.
@@ -188,11 +189,13 @@ def start_publisher(
     readiness: health_server.Readiness | None = None,
     board: health.HealthBoard | None = None,
     held: holdings.HeldGpus | None = None,
+    features: serverfeatures.ServerFeatures | None = None,
 ) -> nodepublisher.NodePublisher | None:
     """Keep this node's ResourceSlices published (unless ``settings.publish`` is off), as the
     one publishing instance of the node, with the taints of ``board``'s unhealthy GPUs and the
     set ranks of the GPUs ``held`` leaves free, re-published whenever either changes;
-    ``readiness``'s ``slices_published`` follows it."""
+    ``readiness``'s ``slices_published`` follows it. ``features``: what the API server keeps
+    (probed already); publishing adapts to it and to what re-probes find."""
     if not settings.publish:
         log.info("not publishing ResourceSlices (disabled)")
         return None
@@ -211,6 +214,7 @@ def start_publisher(
         shareable=settings.shareable,
         gpu_sets=settings.gpu_sets,
         held=held,
+        features=features,
     )
     if readiness is not None:
         readiness.set_check("slices_published", node.published)
@@ -251,12 +255,16 @@ def run(
     metrics: metrics_mod.DriverMetrics | None = None,
     readiness: health_server.Readiness | None = None,
     health_source: health.HealthBoard | None = None,
+    probe: Callable[[], serverfeatures.Found] | None = None,
 ) -> int:
     """Run the node agent until ``stop`` is set; returns the exit code.
 
     ``metrics`` and ``readiness`` (see :func:`new_readiness`) are fed as the agent runs;
     ``health_source`` is the board GPU health is tracked on (default: a new one), which feeds
-    the kubelet's device health stream, the slices' taints and prepare's taint check."""
+    the kubelet's device health stream, the slices' taints and prepare's taint check.
+    ``probe`` (:func:`dra_driver.kube.features.probe` on ``api``) learns which ResourceSlice
+    fields the API server keeps, before the first publish; dynamic MIG or GPU shares asked
+    for on a server that drops their fields raise :class:`StartupError`. None: assume all kept."""
     log = log or logs.get("kubelet-plugin")
     log = log.bind(driver=settings.driver_name, node=settings.node_name)
     metrics = metrics or metrics_mod.new()
@@ -272,6 +280,21 @@ def run(
         gpus=len(devices.gpus),
         dynamic_mig=[g.name for g in settings.dynamic.dynamic_gpus(devices.gpus)],
     )
+    features = serverfeatures.ServerFeatures(
+        probe=probe if settings.publish else None,
+        log=log.bind(component="features"),
+        metrics=metrics,
+        gpu_sets=settings.gpu_sets,
+    )
+    refused = serverfeatures.refusal(
+        features.start(),
+        gpus=devices.gpus,
+        dynamic_mig=settings.dynamic,
+        shareable=settings.shareable,
+        server=str(getattr(api, "server", "") or ""),
+    )
+    if refused:
+        raise StartupError(refused)
     board = health_source or health.HealthBoard()
     held = holdings.HeldGpus()  # what prepared claims hold: the claim state writes, slices follow
     uuids = taints.published_uuids(
@@ -352,6 +375,7 @@ def run(
                 readiness=readiness,
                 board=board,
                 held=held,
+                features=features,
             )
         except build.BuildError as exc:  # keep serving: prepared claims still need unprepare
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))

@@ -28,6 +28,8 @@ nvml_errors_total                          counter   call (e.g. init, discover, 
 device_health                              gauge     device, reason (1 healthy, 0 unhealthy)
 health_events_total                        counter   kind (xid|ecc|gpu-lost|...), xid, outcome
 device_recoveries_total                    counter   device (a GPU or MIG UUID's name)
+feature_enabled                            gauge     feature (deviceTaints|sharedCounters|
+                                                     consumableCapacity|setRanks)
 build_info                                 gauge     version (always 1)
 ========================================== ========= =========================================
 
@@ -36,6 +38,10 @@ healthy, value 0 and the conditions (``xid=79``, ``gpu-lost=lost``) while not; t
 removed when the reason changes. Health event outcomes: ``unhealthy``, ``ignored`` (an ignored
 XID), ``unpublished`` (a device we do not publish), ``poll`` (sent to the poll to find the GPU),
 ``unknown-device``.
+
+``feature_enabled`` says which ResourceSlice features the agent can publish with: 1 while the
+API server keeps the feature's fields (or they were never probed), 0 while it drops them (its
+feature gate is off); ``setRanks`` (plain attributes, no gate) is 1 while ``--gpu-sets`` is on.
 
 One *request* is one claim's prepare or unprepare (the kubelet batches claims in one RPC; the
 per-claim outcome is what an operator needs).
@@ -60,6 +66,7 @@ Result = Literal["success", "error"]
 OPERATIONS: tuple[Operation, ...] = ("prepare", "unprepare")
 RESULTS: tuple[Result, ...] = ("success", "error")
 NAMESPACE = "dra_driver"
+FEATURES = ("deviceTaints", "sharedCounters", "consumableCapacity", "setRanks")
 
 # Resolve sub-millisecond prepares (fake GPUs, repeated prepare) up to the kubelet's 45 s limit.
 DURATION_BUCKETS: tuple[float, ...] = (
@@ -194,6 +201,14 @@ class DriverMetrics:
             namespace=namespace,
             registry=registry,
         )
+        self.feature_enabled = prom.Gauge(
+            "feature_enabled",
+            "1 while the API server keeps the ResourceSlice fields of the feature, 0 while it "
+            "drops them (feature gate off); setRanks: 1 while set ranks are published.",
+            ["feature"],
+            namespace=namespace,
+            registry=registry,
+        )
         self._health_lock = threading.Lock()
         self._health_reason: dict[str, str] = {}
         build = prom.Gauge(
@@ -285,6 +300,12 @@ class DriverMetrics:
         if claims:
             self._rebuilds["claims"].inc()
         self.held_gpus.set(held_gpus)
+
+    def set_feature(self, feature: str, enabled: bool) -> None:
+        """Whether the agent can publish with ``feature`` (one of :data:`FEATURES`)."""
+        if feature not in FEATURES:
+            raise _bad(feature, FEATURES, "feature")
+        self.feature_enabled.labels(feature=feature).set(1 if enabled else 0)
 
     def nvml_error(self, call: str) -> None:
         """An NVML call failed; ``call`` is a short fixed name such as ``"discover"``."""

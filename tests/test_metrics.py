@@ -173,3 +173,13 @@ def test_device_health_keeps_one_series_per_device(m: metrics.DriverMetrics) -> 
     m.device_recovered("gpu-0")
     assert value(m, "dra_driver_health_events_total", kind="xid", xid="13", outcome="ignored") == 1
     assert value(m, "dra_driver_device_recoveries_total", device="gpu-0") == 1
+
+
+def test_feature_enabled_gauge_per_feature_and_closed_label_set(m: metrics.DriverMetrics) -> None:
+    for feature in metrics.FEATURES:
+        m.set_feature(feature, True)
+        assert value(m, "dra_driver_feature_enabled", feature=feature) == 1
+    m.set_feature("deviceTaints", False)
+    assert value(m, "dra_driver_feature_enabled", feature="deviceTaints") == 0
+    with pytest.raises(metrics.MetricsError, match="feature 'gpuSets'"):
+        m.set_feature("gpuSets", True)

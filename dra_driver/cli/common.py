@@ -9,6 +9,8 @@ from pathlib import Path
 from dra_driver.devices import backend, fake, migprofiles, profiles
 from dra_driver.slices import shares
 
+AUTO = "auto"
+
 
 class UsageError(Exception):
     """Bad flags or input files; printed as one line, exit code 2."""
@@ -73,22 +75,41 @@ def add_dynamic_mig_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def add_gpu_sets_flag(parser: argparse.ArgumentParser) -> None:
-    """``--gpu-sets true|false`` (env ``GPU_SETS``): mark every GPU with its set ranks
+    """``--gpu-sets true|false|auto`` (env ``GPU_SETS``): mark every GPU with its set ranks
     (``setRank<N>`` attributes, docs/topology.md) for the topology-best claims of ``dra-driver
-    claim``. Plain attributes: no feature gate needed; false publishes plain GPUs only."""
-    from dra_driver.cli import env_default, labelflags
+    claim``. Plain int attributes, which every API server keeps: ``auto`` (the default) is on;
+    false publishes plain GPUs only."""
+    from dra_driver.cli import env_default
 
     parser.add_argument(
         "--gpu-sets",
-        type=labelflags.parse_bool,
+        type=parse_gpu_sets,
         nargs="?",
         const="true",
-        default=env_default("GPU_SETS", "true"),
-        metavar="true|false",
+        default=env_default("GPU_SETS", "auto"),
+        metavar="true|false|auto",
         help="mark each GPU with its rank among the best free sets of N GPUs (setRank<N> "
-        "attributes) for the topology-best claims of `dra-driver claim`; false publishes plain "
-        "GPUs (env GPU_SETS; default true; docs/topology.md)",
+        "attributes) for the topology-best claims of `dra-driver claim`; plain attributes "
+        "every API server keeps, so auto means on; false publishes plain GPUs "
+        "(env GPU_SETS; default auto; docs/topology.md)",
     )
+
+
+def parse_gpu_sets(value: str) -> bool | str:
+    """``auto``, or a boolean as :func:`~dra_driver.cli.labelflags.parse_bool` reads it."""
+    from dra_driver.cli import labelflags
+
+    if value.strip().lower() == AUTO:
+        return AUTO
+    return labelflags.parse_bool(value)
+
+
+def gpu_sets_from(args: argparse.Namespace) -> bool:
+    """Whether set ranks are published: ``auto`` is on (no feature gate can drop them)."""
+    value = args.gpu_sets
+    if isinstance(value, str):  # the default comes unparsed from the environment
+        value = parse_gpu_sets(value)
+    return value is True or value == AUTO
 
 
 def dynamic_mig(args: argparse.Namespace) -> migprofiles.DynamicMig:

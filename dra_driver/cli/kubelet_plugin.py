@@ -180,13 +180,13 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         node_labels=args.node_labels,
         node_labels_resync_s=args.node_labels_resync,
         shareable=common.shareable_from(args),
-        gpu_sets=args.gpu_sets,
+        gpu_sets=common.gpu_sets_from(args),
         mps_check_interval_s=args.mps_check_interval,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from dra_driver.kube import client
+    from dra_driver.kube import client, features
 
     log = logs.get("kubelet-plugin")
     try:
@@ -219,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
             log=log,
             metrics=registry,
             readiness=readiness,
+            probe=lambda: features.probe(api, settings.node_name, settings.driver_name),
         )
     except (app.StartupError, server.SocketError) as exc:
         return common.fail(str(exc), code=1)

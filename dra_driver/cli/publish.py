@@ -5,7 +5,10 @@ for clusters that want slices without the kubelet plugin (scheduling experiments
 for debugging, and as a one-shot (``--once``) in scripts. It discovers the GPUs, builds the
 desired slices, reconciles them through the real API client (kubeconfig, or in-cluster
 credentials when none is given), and keeps them right until SIGTERM: rediscovering the hardware
-periodically, recreating deleted slices, retrying API failures with backoff.
+periodically, recreating deleted slices, retrying API failures with backoff. Like the agent it
+first asks the server which ResourceSlice fields it keeps (:mod:`dra_driver.kube.features`):
+``--dynamic-mig`` or ``--shareable`` selecting GPUs on a server that drops their fields is
+refused, and a re-probe after an outage adapts what is published.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from dra_driver import cli, logs
 from dra_driver.cli import common
 from dra_driver.cli import slices as slices_cli
 from dra_driver.devices import backend
-from dra_driver.kube import client
-from dra_driver.slices import build, publisher
+from dra_driver.kube import client, features
+from dra_driver.slices import build, publisher, serverfeatures
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,35 +74,60 @@ def run(args: argparse.Namespace) -> int:
         return common.fail("--node-name (or env NODE_NAME) is required")
     try:
         source = common.make_backend(args)
-        desired = _desired(source, args)
+        _desired(source, args)  # bad flags or names fail before the server is asked
         kube = client.KubeClient.connect(args.kubeconfig)
     except (common.UsageError, backend.DiscoveryError, build.BuildError) as exc:
         return common.fail(str(exc))
     except client.ConfigError as exc:
         return common.fail(str(exc))
-    pub = publisher.Publisher(
-        kube=kube,
-        driver_name=args.driver_name,
-        node_name=args.node_name,
-        resync_s=args.resync_interval,
-    )
-    pub.set_desired(desired)
     try:
+        found = serverfeatures.ServerFeatures(
+            probe=lambda: features.probe(kube, args.node_name, args.driver_name),
+            log=logs.get("publish").bind(component="features"),
+            gpu_sets=common.gpu_sets_from(args),
+        )
+        refused = serverfeatures.refusal(
+            found.start(),
+            gpus=source.discover().gpus,
+            dynamic_mig=common.dynamic_mig(args),
+            shareable=common.shareable_from(args),
+            server=kube.server,
+        )
+        if refused:
+            return common.fail(refused, code=1)
+        desired = _desired(source, args, found.kept)
+        pub = publisher.Publisher(
+            kube=kube,
+            driver_name=args.driver_name,
+            node_name=args.node_name,
+            resync_s=args.resync_interval,
+            on_reconnect=found.reconnected,
+            on_dropped=found.fields_dropped,
+        )
+        pub.set_desired(desired)
+        found.subscribe(lambda kept: pub.set_desired(_desired(source, args, kept)))
         if args.once:
             return _once(pub, args.timeout)
-        return _forever(pub, source, args, desired)
+        return _forever(pub, source, args, desired, found)
+    except (backend.DiscoveryError, build.BuildError) as exc:
+        return common.fail(str(exc))
     finally:
         kube.close()
 
 
-def _desired(source: backend.Backend, args: argparse.Namespace) -> list[build.Obj]:
+def _desired(
+    source: backend.Backend,
+    args: argparse.Namespace,
+    kept: serverfeatures.Kept = serverfeatures.ALL_KEPT,
+) -> list[build.Obj]:
     result = build.build(
         source.discover(),
         node_name=args.node_name,
         driver_name=args.driver_name,
         shareable=common.shareable_from(args),
         dynamic_mig=common.dynamic_mig(args),
-        gpu_sets=args.gpu_sets,
+        gpu_sets=common.gpu_sets_from(args),
+        decorate=serverfeatures.withdrawer(kept),
     )
     log = logs.get("publish")
     for problem in result.problems:
@@ -138,6 +166,7 @@ def _forever(
     source: backend.Backend,
     args: argparse.Namespace,
     desired: list[build.Obj],
+    found: serverfeatures.ServerFeatures,
 ) -> int:
     stop = threading.Event()
 
@@ -151,7 +180,7 @@ def _forever(
     log.info("publishing ResourceSlices", node=args.node_name, driver=args.driver_name)
     while not stop.wait(args.rediscover_interval):
         try:
-            fresh = _desired(source, args)
+            fresh = _desired(source, args, found.kept)
         except (backend.DiscoveryError, build.BuildError) as exc:
             log.error("re-discovery failed; keeping the published slices", error=str(exc))
             continue

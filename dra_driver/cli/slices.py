@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             node_uid=args.node_uid,
             dynamic_mig=dynamic,
             shareable=common.shareable_from(args),
-            gpu_sets=args.gpu_sets,
+            gpu_sets=common.gpu_sets_from(args),
         )
     except (common.UsageError, backend.DiscoveryError, build.BuildError) as exc:
         return common.fail(str(exc))

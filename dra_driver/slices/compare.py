@@ -78,3 +78,30 @@ def meta(obj: api.Obj) -> Any:
         {k: v for k, v in (meta.get("annotations") or {}).items()},
         meta.get("ownerReferences") or [],
     )
+
+
+def dropped(sent: api.Obj, stored: api.Obj) -> list[str]:
+    """The spec fields ``sent`` has that ``stored`` (the server's answer to our write) lacks,
+    as paths (``devices[3].taints``): what a server with a feature gate off dropped. Values
+    are not compared (the server may spell them differently), only presence."""
+    lost: list[str] = []
+    _missing(_canonical(sent.get("spec") or {}), _canonical(stored.get("spec") or {}), "", lost)
+    return lost
+
+
+def _missing(sent: Any, stored: Any, path: str, lost: list[str]) -> None:
+    if isinstance(sent, dict):
+        if not isinstance(stored, dict):
+            lost.append(path or ".")
+            return
+        for key, value in sent.items():
+            where = f"{path}.{key}" if path else key
+            if key not in stored:
+                lost.append(where)
+            else:
+                _missing(value, stored[key], where, lost)
+    elif isinstance(sent, list) and isinstance(stored, list):
+        for i, (mine, theirs) in enumerate(zip(sent, stored, strict=False)):
+            _missing(mine, theirs, f"{path}[{i}]", lost)
+        if len(stored) < len(sent):
+            lost.append(f"{path}[{len(stored)}:]")

@@ -12,7 +12,9 @@ while we stand by.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -20,7 +22,7 @@ from dra_driver import health_server
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import health, holdings, migprofiles, model
 from dra_driver.kube import api as kube
-from dra_driver.slices import leader, publisher, republish, shares, taints
+from dra_driver.slices import leader, publisher, republish, serverfeatures, shares
 
 
 class NodePublisher:
@@ -44,15 +46,19 @@ class NodePublisher:
         shareable: shares.Shareable = shares.NONE,
         gpu_sets: bool = True,
         held: holdings.HeldGpus | None = None,
+        features: serverfeatures.ServerFeatures | None = None,
     ) -> None:
         """Raises :class:`~dra_driver.slices.build.BuildError` when no slice can be built.
         ``grace_s``: how long publishing may fail before :meth:`published` says no;
         ``board``: GPU health, published as device taints; ``held``: the full GPUs prepared
-        claims hold, left out of the set ranks (both re-published on every change)."""
+        claims hold, left out of the set ranks (both re-published on every change);
+        ``features``: what the API server keeps (publishing adapts, re-probed when the
+        publisher reconnects or a write comes back without fields we sent)."""
         self.metrics = metrics
         self.reconciles = health_server.Grace(grace_s)
         self.watches = health_server.Grace(grace_s, ready=True)
         inputs = republish.current(board, held)  # the first build's; the follower goes on
+        kept = features.kept if features is not None else serverfeatures.ALL_KEPT
         self.publisher = publisher.start_node_publisher(
             start=False,
             api=api,
@@ -63,11 +69,13 @@ class NodePublisher:
             on_pass=self._passed,
             on_watch=lambda ok: self.watches.ok() if ok else self.watches.failed(),
             watch_timeout_s=watch_timeout_s,
-            decorate=taints.decorator(inputs.health, driver_name) if board else None,
+            decorate=republish.decoration(inputs.health if board else None, driver_name, kept),
             dynamic_mig=dynamic_mig,
             shareable=shareable,
             gpu_sets=gpu_sets,
             taken=inputs.held.held,
+            on_reconnect=features.reconnected if features is not None else None,
+            on_dropped=features.fields_dropped if features is not None else None,
         )
         self.follower: republish.Republisher | None = None
         if board is not None or held is not None:  # the desired set follows them always
@@ -84,7 +92,20 @@ class NodePublisher:
                 shareable=shareable,
                 gpu_sets=gpu_sets,
                 metrics=metrics,
+                kept=(lambda: features.kept) if features is not None else None,
             )
+        if features is not None:
+            rebuild = republish.rebuilder(
+                devices,
+                node_name=node_name,
+                driver_name=driver_name,
+                tainted=board is not None,
+                dynamic_mig=dynamic_mig,
+                shareable=shareable,
+                gpu_sets=gpu_sets,
+                kept=lambda: features.kept,
+            )
+            features.subscribe(lambda kept: self._features_changed(board, held, rebuild))
         self.lock = leader.PublisherLock(lock_file, log=log)
 
     def start(self) -> None:
@@ -101,6 +122,18 @@ class NodePublisher:
         """Readiness: published by us (failures within the grace period), or by the other
         instance while we stand by."""
         return self.lock.standby or (self.reconciles() and self.watches())
+
+    def _features_changed(
+        self,
+        board: health.HealthBoard | None,
+        held: holdings.HeldGpus | None,
+        rebuild: Callable[[republish.Inputs], list[dict[str, Any]]],
+    ) -> None:
+        """What the API server keeps changed: rebuild the desired set for it."""
+        if self.follower is not None:
+            self.follower.refresh()
+        else:
+            self.publisher.set_desired(rebuild(republish.current(board, held)))
 
     def _passed(self, outcome: publisher.Outcome | None) -> None:
         if self.metrics is not None:

@@ -51,13 +51,22 @@ class Publisher:
         log: Log | None = None,
         on_pass: Callable[[Outcome | None], None] | None = None,
         on_watch: Callable[[bool], None] | None = None,
+        on_reconnect: Callable[[], None] | None = None,
+        on_dropped: Callable[[str, list[str]], None] | None = None,
     ) -> None:
         """``on_pass`` hears about every pass of :meth:`run`: its Outcome, or None when it
         failed (metrics, readiness); ``on_watch`` whether each attempt to open the watch
-        succeeded. An exception either raises is logged, never fatal."""
+        succeeded; ``on_reconnect`` when a pass succeeds after a failed one, or the watch opens
+        after the last one broke or was ended early by the server (it may be another server
+        now); ``on_dropped(slice, fields)`` when a write is answered with an object lacking
+        fields we sent (a feature gate off). An exception any of them raises is logged,
+        never fatal."""
         self._api = kube
         self._on_pass = on_pass
         self._on_watch = on_watch
+        self._on_reconnect = on_reconnect
+        self._on_dropped = on_dropped
+        self._outage = False  # a pass failed, or the watch broke: the next success reconnects
         self.driver_name, self.node_name = driver_name, node_name
         self._backoff = backoff or Backoff()
         self._resync_s, self._watch_timeout_s = resync_s, watch_timeout_s
@@ -109,6 +118,7 @@ class Publisher:
                 outcome = self.reconcile_once()
             except PublishError as exc:
                 self._notify(None)
+                self._outage = True
                 delay = self._backoff.next_delay()
                 self.log.warning(
                     "publishing ResourceSlice failed",
@@ -122,8 +132,18 @@ class Publisher:
                 self._sleep(delay)
                 continue
             self._notify(outcome)
+            self._reconnected()
             self._backoff.reset()
             self._wake.wait(self._resync_s)
+
+    def _reconnected(self) -> None:
+        if self._outage:
+            self._outage = False
+            if self._on_reconnect is not None:
+                try:
+                    self._on_reconnect()
+                except Exception as exc:  # an observer never stops publishing
+                    self.log.error("ResourceSlice publish observer failed", error=repr(exc))
 
     def _notify(self, outcome: Outcome | None) -> None:
         self._tell(self._on_pass, outcome)
@@ -262,6 +282,13 @@ class Publisher:
             raise PublishError(op, name, exc) from exc
         self._known[name] = str(result.get("metadata", {}).get("resourceVersion", ""))
         done.append(name)
+        if self._on_dropped is not None:
+            lost = compare.dropped(obj, result)
+            if lost:
+                try:
+                    self._on_dropped(name, lost)
+                except Exception as exc:  # an observer never stops publishing
+                    self.log.error("ResourceSlice publish observer failed", error=repr(exc))
 
     def _add_owner(self, desired: list[api.Obj]) -> None:
         """Owner reference to our Node (slices go when the node goes), when we can learn it."""
@@ -307,6 +334,7 @@ class Publisher:
                 )
                 opened = True
                 self._tell(self._on_watch, True)
+                self._reconnected()
                 try:
                     for event in events:
                         if self._stop.is_set():
@@ -317,7 +345,10 @@ class Publisher:
                     close = getattr(events, "close", None)
                     if close is not None:
                         close()
-                if time.monotonic() - began < min(1.0, self._watch_timeout_s / 2):
+                lasted = time.monotonic() - began
+                if lasted < 0.9 * self._watch_timeout_s and not self._stop.is_set():
+                    self._outage = True  # ended by the server early (a restart?)
+                if lasted < min(1.0, self._watch_timeout_s / 2):
                     self._stop.wait(failures.next_delay())  # a server ending watches at once
                 else:
                     failures.reset()
@@ -329,6 +360,7 @@ class Publisher:
                     self._relist()
                 else:  # refused, or broke off: not watching (readiness counts from now)
                     self._tell(self._on_watch, False)
+                    self._outage = True
                 if opened and time.monotonic() - began >= min(1.0, self._watch_timeout_s / 2):
                     failures.reset()  # a watch that ran a while and broke: re-open it at once
                 self.log.warning(
@@ -386,6 +418,8 @@ def start_node_publisher(
     on_watch: Callable[[bool], None] | None = None,
     start: bool = True,
     watch_timeout_s: float = 30.0,
+    on_reconnect: Callable[[], None] | None = None,
+    on_dropped: Callable[[str, list[str]], None] | None = None,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     decorate: Callable[[list[api.Obj]], None] | None = None,
     shareable: shares.Shareable = shares.NONE,
@@ -417,6 +451,8 @@ def start_node_publisher(
         on_pass=on_pass,
         on_watch=on_watch,
         watch_timeout_s=watch_timeout_s,
+        on_reconnect=on_reconnect,
+        on_dropped=on_dropped,
     )
     for problem in result.problems:
         publisher.log.warning("device left out of the ResourceSlices", problem=problem)

@@ -30,7 +30,7 @@ import structlog
 
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import health, holdings, migprofiles, model
-from dra_driver.slices import build, shares, taints
+from dra_driver.slices import build, serverfeatures, shares, taints
 
 Obj = dict[str, Any]
 SETTLE_S = 0.1  # how long a change of holdings waits for the rest of its burst
@@ -93,6 +93,7 @@ class Republisher:
         self._metrics = metrics
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._forced = False  # rebuild though neither source changed (server features did)
         self._unsubscribe: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._run, name="slice-republish", daemon=True)
         self.rebuilds = 0  # rebuilds handed to the publisher (tests)
@@ -104,6 +105,11 @@ class Republisher:
         if current(self._board, self._held).versions != self._built.versions:
             self._wake.set()
         self._thread.start()
+
+    def refresh(self) -> None:
+        """Rebuild now though neither source changed (what the API server keeps did)."""
+        self._forced = True
+        self._wake.set()
 
     def stop(self) -> None:
         for unsubscribe in self._unsubscribe:
@@ -120,13 +126,14 @@ class Republisher:
             if self._stop.is_set():
                 return
             health_now = self._board.snapshot().version if self._board is not None else 0
-            if health_now == self._built.health.version:
+            if health_now == self._built.health.version and not self._forced:
                 self._stop.wait(self._settle_s)  # holdings only: one rebuild for the burst
                 if self._stop.is_set():
                     return
             self._wake.clear()
+            forced, self._forced = self._forced, False
             now = current(self._board, self._held)
-            if now.versions != self._built.versions:
+            if now.versions != self._built.versions or forced:
                 self._republish(now)
 
     def _republish(self, now: Inputs) -> None:
@@ -182,16 +189,22 @@ def rebuilder(
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     shareable: shares.Shareable = shares.NONE,
     gpu_sets: bool = True,
+    kept: Callable[[], serverfeatures.Kept] | None = None,
 ) -> Callable[[Inputs], list[Obj]]:
     """``devices``' desired slices for given inputs: the taints of their health (unless
-    ``tainted`` is false: no health source), the set ranks of the GPUs they leave free."""
+    ``tainted`` is false: no health source), the set ranks of the GPUs they leave free;
+    ``kept()`` says what the API server keeps now (:func:`decoration`)."""
 
     def rebuild(inputs: Inputs) -> list[Obj]:
         return build.build(
             devices,
             node_name=node_name,
             driver_name=driver_name,
-            decorate=taints.decorator(inputs.health, driver_name) if tainted else None,
+            decorate=decoration(
+                inputs.health if tainted else None,
+                driver_name,
+                kept() if kept is not None else serverfeatures.ALL_KEPT,
+            ),
             dynamic_mig=dynamic_mig,
             shareable=shareable,
             gpu_sets=gpu_sets,
@@ -216,6 +229,7 @@ def follow(
     gpu_sets: bool = True,
     settle_s: float = SETTLE_S,
     metrics: metrics_mod.DriverMetrics | None = None,
+    kept: Callable[[], serverfeatures.Kept] | None = None,
 ) -> Republisher:
     """Start re-publishing ``devices``' slices with the taints of ``board`` and the set ranks of
     the GPUs ``held`` leaves free, on every change of either (``shareable`` GPUs stay
@@ -230,6 +244,7 @@ def follow(
             dynamic_mig=dynamic_mig,
             shareable=shareable,
             gpu_sets=gpu_sets,
+            kept=kept,
         ),
         board=board,
         held=held,
@@ -240,6 +255,32 @@ def follow(
     )
     follower.start()
     return follower
+
+
+def decoration(
+    snapshot: health.Snapshot | None, driver_name: str, kept: serverfeatures.Kept
+) -> Callable[[list[Obj]], None] | None:
+    """The pass over the built devices for ``snapshot``'s health (None: no health source) on a
+    server keeping ``kept``: taints, or withdrawal where the server drops taints; then the
+    withdrawal of devices whose counters or capacity the server drops."""
+    passes = [
+        p
+        for p in (
+            taints.decorator(snapshot, driver_name, withdraw=not kept.device_taints)
+            if snapshot is not None
+            else None,
+            serverfeatures.withdrawer(kept),
+        )
+        if p is not None
+    ]
+    if not passes:
+        return None
+
+    def apply(devices: list[Obj]) -> None:
+        for each in passes:
+            each(devices)
+
+    return apply
 
 
 def _natural(name: str) -> tuple[int, str]:

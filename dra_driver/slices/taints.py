@@ -8,7 +8,9 @@ the conditions of every GPU or MIG UUID it names in its ``uuid``, ``parentUUID``
 attribute (a MIG device inherits its parent GPU's taints; a device standing for a group of GPUs
 is tainted when any of them is unhealthy). Taint
 keys are in the driver's domain (``gpu.nvidia.com/xid``), values the XID or a short reason,
-effects as the health policy says (:mod:`dra_driver.devices.healthpolicy`). The output is
+effects as the health policy says (:mod:`dra_driver.devices.healthpolicy`). On a server that
+drops device taints (feature gate DRADeviceTaints off) the same pass withdraws such a device from
+the slices instead (``withdraw``), until it recovers. The output is
 deterministic — the same health gives byte-identical devices — so the publisher writes nothing
 when nothing changed.
 """
@@ -64,10 +66,19 @@ def device_taints(
     return taints_for(conditions, driver_name)
 
 
-def decorator(snapshot: health.Snapshot, driver_name: str) -> Callable[[list[Obj]], None]:
-    """A ``build(decorate=...)`` pass setting each device's taints from ``snapshot``."""
+def decorator(
+    snapshot: health.Snapshot, driver_name: str, *, withdraw: bool = False
+) -> Callable[[list[Obj]], None]:
+    """A ``build(decorate=...)`` pass setting each device's taints from ``snapshot``.
+
+    ``withdraw`` (the API server drops device taints, :mod:`.serverfeatures`): a device that
+    would be tainted is removed from the list instead — an unhealthy GPU with its MIG devices
+    and placements — so no claim gets it while it is unhealthy; the others keep their order."""
 
     def apply(devices: list[Obj]) -> None:
+        if withdraw:
+            devices[:] = [d for d in devices if not device_taints(d, snapshot, driver_name)]
+            return
         for device in devices:
             taints = device_taints(device, snapshot, driver_name)
             if taints:
