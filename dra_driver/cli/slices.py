@@ -5,7 +5,10 @@ attributes, topology, how the pool is split — before anything is sent, and app
 (``dra-driver slices --node-name n1 --fake dgx-h100 | kubectl apply -f -``). Output is
 deterministic: the same hardware gives byte-identical YAML. Standard error gets the warnings
 and one line per node saying what it publishes (:func:`summaries`), e.g.
-``node n1: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 2-7 GPUs)``.
+``node n1: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 2-7 GPUs)``. With
+``--kubeconfig`` the slices are those the agent would publish to that API server: it is asked
+(a dry-run probe, nothing stored) which gated fields it keeps, what it would drop is left out,
+and an explicit ``--dynamic-mig``/``--shareable`` it cannot honour is refused (exit 1).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -21,7 +25,8 @@ import yaml
 from dra_driver import cli
 from dra_driver.cli import common
 from dra_driver.devices import backend
-from dra_driver.slices import build, gpusets
+from dra_driver.kube import client, features
+from dra_driver.slices import build, gpusets, serverfeatures
 
 
 def add_identity_flags(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +57,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     common.add_dynamic_mig_flag(parser)
     common.add_gpu_sets_flag(parser)
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="print what the agent would publish to this cluster's API server: ask it (dry-run, "
+        "nothing stored) which gated fields it keeps and leave out what it would drop",
+    )
     parser.add_argument("--output", "-o", choices=("yaml", "json"), default="yaml")
     parser.set_defaults(handler=run)
 
@@ -61,24 +73,52 @@ def run(args: argparse.Namespace) -> int:
         return common.fail("--node-name (or env NODE_NAME) is required")
     try:
         dynamic = common.dynamic_mig(args)
+        shareable = common.shareable_from(args)
         devices = common.make_backend(args).discover()
+        kept = serverfeatures.ALL_KEPT
+        if args.kubeconfig:
+            kept = _server_keeps(args)
+            refused = serverfeatures.refusal(
+                kept, gpus=devices.gpus, dynamic_mig=dynamic, shareable=shareable
+            )
+            if refused:
+                return common.fail(refused, code=1)
         result = build.build(
             devices,
             node_name=args.node_name,
             driver_name=args.driver_name,
             node_uid=args.node_uid,
             dynamic_mig=dynamic,
-            shareable=common.shareable_from(args),
+            shareable=shareable,
             gpu_sets=common.gpu_sets_from(args),
+            decorate=serverfeatures.withdrawer(kept),
         )
     except (common.UsageError, backend.DiscoveryError, build.BuildError) as exc:
         return common.fail(str(exc))
+    except (client.ConfigError, features.ProbeError) as exc:
+        return common.fail(str(exc), code=2)
     for problem in result.problems:
         print(f"dra-driver: warning: {problem}", file=sys.stderr)
     for line in summaries(result.slices):
         print(line, file=sys.stderr)
     print(render(result.slices, args.output), end="")
     return 0
+
+
+def _server_keeps(args: argparse.Namespace) -> serverfeatures.Kept:
+    """Ask the API server of ``--kubeconfig`` which gated fields it keeps (one stderr line)."""
+    kube = client.KubeClient.connect(args.kubeconfig)
+    try:
+        found = features.probe(kube, args.node_name, args.driver_name)
+    finally:
+        kube.close()
+    kept = serverfeatures.Kept.of(found)
+    dropped = ", ".join(kept.dropped) or "none"
+    print(
+        f"API server {kube.server} ({found.server_version}): drops the fields of {dropped}",
+        file=sys.stderr,
+    )
+    return kept
 
 
 def render(slices: list[build.Obj], output: str = "yaml") -> str:
