@@ -25,7 +25,7 @@ import yaml
 
 from dra_driver import cli
 from dra_driver.allocation import allocator, claimgen, simulator
-from dra_driver.devices import fake, model
+from dra_driver.devices import fake, gpusets, model, topology
 from dra_driver.slices import build
 
 DRIVER = "gpu.nvidia.com"
@@ -155,3 +155,27 @@ def test_the_generated_claim_gets_the_best_links(case: dict[str, Any]) -> None:
     assert not taken & set(outcome.gpus)
     assert outcome.score is not None
     assert outcome.score[0] == case["bestPossibleNvlinkLinks"]
+
+
+@pytest.mark.parametrize("case", PARAMS)
+def test_simulate_gives_the_generated_claim_the_best_links(
+    case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same through ``dra-driver simulate --fake``: the slices the agent publishes once it
+    has prepared the occupying claims (``--allocated``), the scheduler's search replayed."""
+    count = case["claimSpec"]["devices"]["requests"][0]["exactly"]["count"]
+    args = ["simulate", _write(tmp_path / "claim.yaml", claimgen.claim(count))]
+    args += ["--fake", case["profile"], "--node-name", NODE]
+    if case["alreadyAllocated"]:
+        taken = [
+            {"driver": DRIVER, "pool": NODE, "device": name} for name in case["alreadyAllocated"]
+        ]
+        args += ["--allocated", _write(tmp_path / "taken.yaml", taken)]
+    assert cli.main(args) == 0
+    picked = [r["device"] for r in yaml.safe_load(capsys.readouterr().out)["devices"]["results"]]
+    assert not set(picked) & set(case["alreadyAllocated"])
+    devices = _devices(case["profile"])
+    topo = topology.build(devices)
+    indices = [g.index for g in devices.gpus if g.name in picked]
+    assert len(indices) == count
+    assert gpusets.set_score(topo, indices)[0] == case["bestPossibleNvlinkLinks"]
