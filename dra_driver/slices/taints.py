@@ -76,8 +76,14 @@ def decorator(
     and placements — so no claim gets it while it is unhealthy; the others keep their order."""
 
     def apply(devices: list[Obj]) -> None:
-        if withdraw:
-            devices[:] = [d for d in devices if not device_taints(d, snapshot, driver_name)]
+        if withdraw:  # only what a taint would keep claims off (not an effect of None)
+            devices[:] = [
+                d
+                for d in devices
+                if not any(
+                    t["effect"] in _STRENGTH for t in device_taints(d, snapshot, driver_name)
+                )
+            ]
             return
         for device in devices:
             taints = device_taints(device, snapshot, driver_name)

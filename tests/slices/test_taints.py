@@ -190,3 +190,16 @@ def test_byte_identical_for_the_same_health_and_taints_gone_when_healthy() -> No
     assert json.dumps(built(devices, board).slices) == json.dumps(
         build.build(devices, node_name="n1").slices
     )
+
+
+def test_withdrawal_removes_only_what_a_taint_would_keep_claims_off() -> None:
+    """On a server that drops taints: a NoExecute/NoSchedule GPU goes, an informational (None)
+    condition leaves its GPU published."""
+    devices = devices_of("dgx-h100")
+    info = health.Condition(kind="note", value="x", effect="None", message="informational")
+    board = board_with({devices.gpus[0].uuid: [XID79], devices.gpus[1].uuid: [info]})
+    decorate = taints.decorator(board.snapshot(), "gpu.nvidia.com", withdraw=True)
+    slices = build.build(devices, node_name="n1", decorate=decorate).slices
+    found = by_name(slices)
+    assert "gpu-0" not in found and "gpu-1" in found and len(found) == 7
+    assert all("taints" not in d for d in found.values())
