@@ -20,6 +20,7 @@ serves them over HTTP.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 from collections.abc import Callable
@@ -264,7 +265,8 @@ def run(
     the kubelet's device health stream, the slices' taints and prepare's taint check.
     ``probe`` (:func:`dra_driver.kube.features.probe` on ``api``) learns which ResourceSlice
     fields the API server keeps, before the first publish; dynamic MIG or GPU shares asked
-    for on a server that drops their fields raise :class:`StartupError`. None: assume all kept."""
+    for on a server that drops their fields raise :class:`StartupError` (``auto:`` ones are
+    off instead). None: assume all kept."""
     log = log or logs.get("kubelet-plugin")
     log = log.bind(driver=settings.driver_name, node=settings.node_name)
     metrics = metrics or metrics_mod.new()
@@ -285,9 +287,11 @@ def run(
         log=log.bind(component="features"),
         metrics=metrics,
         gpu_sets=settings.gpu_sets,
+        auto=serverfeatures.auto_flags(dynamic_mig=settings.dynamic, shareable=settings.shareable),
     )
+    kept = features.start()
     refused = serverfeatures.refusal(
-        features.start(),
+        kept,
         gpus=devices.gpus,
         dynamic_mig=settings.dynamic,
         shareable=settings.shareable,
@@ -295,6 +299,13 @@ def run(
     )
     if refused:
         raise StartupError(refused)
+    # An auto: dynamic MIG selection the server cannot take is off for this run: the driver
+    # prepares those GPUs as static ones (it comes on at the next start where the server keeps
+    # shared counters). GPU shares need nothing of the driver: publishing follows re-probes.
+    dynamic, _ = serverfeatures.resolve(
+        kept, dynamic_mig=settings.dynamic, shareable=settings.shareable
+    )
+    settings = dataclasses.replace(settings, dynamic_mig=dynamic.text)
     board = health_source or health.HealthBoard()
     held = holdings.HeldGpus()  # what prepared claims hold: the claim state writes, slices follow
     uuids = taints.published_uuids(

@@ -44,10 +44,11 @@ def add_shareable_flag(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "--shareable",
-        metavar="none|all|REGEX",
+        metavar="none|all|REGEX|auto:SEL",
         default=env_default("SHAREABLE", "none"),
         help="publish these GPUs as shareable (memory and compute shares enforced with MPS): "
-        "none, all, or a regular expression searched in the product name, e.g. H100 "
+        "none, all, or a regular expression searched in the product name, e.g. H100; "
+        "auto:all or auto:REGEX only where the API server keeps consumable capacity "
         "(env SHAREABLE; default none)",
     )
 
@@ -66,10 +67,11 @@ def add_dynamic_mig_flag(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "--dynamic-mig",
-        metavar="none|all|REGEX",
+        metavar="none|all|REGEX|auto:SEL",
         default=env_default("DYNAMIC_MIG", migprofiles.NONE),
         help="MIG-capable GPUs to publish as dynamic MIG (every profile placement, instances "
-        "created at prepare): none, all, or a regular expression over the product name "
+        "created at prepare): none, all, or a regular expression over the product name; "
+        "auto:all or auto:REGEX only where the API server keeps shared counters "
         "(env DYNAMIC_MIG; default none; docs/mig.md)",
     )
 

@@ -8,7 +8,8 @@ credentials when none is given), and keeps them right until SIGTERM: rediscoveri
 periodically, recreating deleted slices, retrying API failures with backoff. Like the agent it
 first asks the server which ResourceSlice fields it keeps (:mod:`dra_driver.kube.features`):
 ``--dynamic-mig`` or ``--shareable`` selecting GPUs on a server that drops their fields is
-refused, and a re-probe after an outage adapts what is published.
+refused (an ``auto:`` selection is off instead), and a re-probe after an outage adapts what is
+published.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
             probe=lambda: features.probe(kube, args.node_name, args.driver_name),
             log=logs.get("publish").bind(component="features"),
             gpu_sets=common.gpu_sets_from(args),
+            auto=serverfeatures.auto_flags(
+                dynamic_mig=common.dynamic_mig(args), shareable=common.shareable_from(args)
+            ),
         )
         refused = serverfeatures.refusal(
             found.start(),
@@ -95,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
         )
         if refused:
             return common.fail(refused, code=1)
+        # As the agent does: an auto: dynamic MIG selection the server cannot take is off for
+        # this run; GPU shares follow what re-probes find (serverfeatures.publishable).
+        dynamic, _ = serverfeatures.resolve(
+            found.kept, dynamic_mig=common.dynamic_mig(args), shareable=common.shareable_from(args)
+        )
+        args.dynamic_mig = dynamic.text
         desired = _desired(source, args, found.kept)
         pub = publisher.Publisher(
             kube=kube,
@@ -120,12 +130,18 @@ def _desired(
     args: argparse.Namespace,
     kept: serverfeatures.Kept = serverfeatures.ALL_KEPT,
 ) -> list[build.Obj]:
-    result = build.build(
+    devices, dynamic, shareable = serverfeatures.publishable(
+        kept,
         source.discover(),
+        dynamic_mig=common.dynamic_mig(args),
+        shareable=common.shareable_from(args),
+    )
+    result = build.build(
+        devices,
         node_name=args.node_name,
         driver_name=args.driver_name,
-        shareable=common.shareable_from(args),
-        dynamic_mig=common.dynamic_mig(args),
+        shareable=shareable,
+        dynamic_mig=dynamic,
         gpu_sets=common.gpu_sets_from(args),
         decorate=serverfeatures.withdrawer(kept),
     )

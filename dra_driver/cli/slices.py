@@ -8,7 +8,8 @@ and one line per node saying what it publishes (:func:`summaries`), e.g.
 ``node n1: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 2-7 GPUs)``. With
 ``--kubeconfig`` the slices are those the agent would publish to that API server: it is asked
 (a dry-run probe, nothing stored) which gated fields it keeps, what it would drop is left out,
-and an explicit ``--dynamic-mig``/``--shareable`` it cannot honour is refused (exit 1).
+and an explicit ``--dynamic-mig``/``--shareable`` it cannot honour is refused (exit 1); an
+``auto:`` one is off there (its GPUs printed as plain full GPUs, one stderr line says so).
 """
 
 from __future__ import annotations
@@ -83,6 +84,14 @@ def run(args: argparse.Namespace) -> int:
             )
             if refused:
                 return common.fail(refused, code=1)
+            for feature, flag in serverfeatures.auto_flags(
+                dynamic_mig=dynamic, shareable=shareable
+            ).items():
+                if not kept.keeps(feature):
+                    effect = serverfeatures.AUTO_EFFECTS[feature].format(flag=flag)
+                    print(f"dra-driver: {effect}", file=sys.stderr)
+        # As the agent starts: an auto: selection the server cannot take is off.
+        dynamic, shareable = serverfeatures.resolve(kept, dynamic_mig=dynamic, shareable=shareable)
         result = build.build(
             devices,
             node_name=args.node_name,

@@ -17,31 +17,55 @@ from dra_driver.devices import model
 
 NONE = "none"
 ALL = "all"
+AUTO_PREFIX = "auto:"  # ``auto:<selection>``: on where the API server keeps the fields, else off
 
 
 class SelectorError(ValueError):
-    """A ``--dynamic-mig`` value that is neither none, all nor a valid regular expression."""
+    """A ``--dynamic-mig`` value that is neither none, all nor a valid regular expression
+    (alone or after ``auto:``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DynamicMig:
-    """Which MIG-capable GPUs are dynamic: ``none``, ``all`` or a product-name regex."""
+    """Which MIG-capable GPUs are dynamic: ``none``, ``all`` or a product-name regex.
+    ``auto`` (written ``auto:<all|regex>``): only where the API server keeps shared counters;
+    where it drops them the selection is off instead of refused
+    (:func:`dra_driver.slices.serverfeatures.resolve`)."""
 
     spec: str = NONE
+    auto: bool = False
 
     @classmethod
     def parse(cls, text: str | None) -> DynamicMig:
         value = (text or NONE).strip()
+        auto = value[: len(AUTO_PREFIX)].lower() == AUTO_PREFIX
+        if auto:
+            value = value[len(AUTO_PREFIX) :].strip()
+        elif value.lower() == "auto":
+            raise SelectorError(
+                "--dynamic-mig 'auto': say which GPUs, e.g. auto:all or auto:H100 (on where the "
+                "API server keeps shared counters, off where it drops them)"
+            )
+        if auto and value.lower() in ("", NONE):
+            raise SelectorError(
+                f"--dynamic-mig {text!r}: auto: needs all or a regular expression over the GPU "
+                "product name after it, e.g. auto:all"
+            )
         if value.lower() in (NONE, ALL):
-            return cls(value.lower())
+            return cls(value.lower(), auto=auto)
         try:
             re.compile(value)
         except re.error as exc:
             raise SelectorError(
-                f"--dynamic-mig {value!r}: not none, all or a regular expression over the GPU "
-                f"product name ({exc})"
+                f"--dynamic-mig {(text or '').strip()!r}: not none, all or a regular expression "
+                f"over the GPU product name ({exc})"
             ) from None
-        return cls(value)
+        return cls(value, auto=auto)
+
+    @property
+    def text(self) -> str:
+        """As the flag is written (``auto:all``, ``H100``); parses back to the same value."""
+        return f"{AUTO_PREFIX}{self.spec}" if self.auto else self.spec
 
     @property
     def enabled(self) -> bool:

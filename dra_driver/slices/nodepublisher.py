@@ -59,10 +59,13 @@ class NodePublisher:
         self.watches = health_server.Grace(grace_s, ready=True)
         inputs = republish.current(board, held)  # the first build's; the follower goes on
         kept = features.kept if features is not None else serverfeatures.ALL_KEPT
+        first, first_dynamic, first_shareable = serverfeatures.publishable(
+            kept, devices, dynamic_mig=dynamic_mig, shareable=shareable
+        )
         self.publisher = publisher.start_node_publisher(
             start=False,
             api=api,
-            devices=devices,
+            devices=first,
             driver_name=driver_name,
             node_name=node_name,
             log=log,
@@ -70,8 +73,8 @@ class NodePublisher:
             on_watch=lambda ok: self.watches.ok() if ok else self.watches.failed(),
             watch_timeout_s=watch_timeout_s,
             decorate=republish.decoration(inputs.health if board else None, driver_name, kept),
-            dynamic_mig=dynamic_mig,
-            shareable=shareable,
+            dynamic_mig=first_dynamic,
+            shareable=first_shareable,
             gpu_sets=gpu_sets,
             taken=inputs.held.held,
             on_reconnect=features.reconnected if features is not None else None,

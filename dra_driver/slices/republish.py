@@ -193,20 +193,21 @@ def rebuilder(
 ) -> Callable[[Inputs], list[Obj]]:
     """``devices``' desired slices for given inputs: the taints of their health (unless
     ``tainted`` is false: no health source), the set ranks of the GPUs they leave free;
-    ``kept()`` says what the API server keeps now (:func:`decoration`)."""
+    ``kept()`` says what the API server keeps now (:func:`decoration`; ``auto:`` selections
+    follow it, :func:`~dra_driver.slices.serverfeatures.publishable`)."""
 
     def rebuild(inputs: Inputs) -> list[Obj]:
+        now = kept() if kept is not None else serverfeatures.ALL_KEPT
+        node, dynamic, shared = serverfeatures.publishable(
+            now, devices, dynamic_mig=dynamic_mig, shareable=shareable
+        )
         return build.build(
-            devices,
+            node,
             node_name=node_name,
             driver_name=driver_name,
-            decorate=decoration(
-                inputs.health if tainted else None,
-                driver_name,
-                kept() if kept is not None else serverfeatures.ALL_KEPT,
-            ),
-            dynamic_mig=dynamic_mig,
-            shareable=shareable,
+            decorate=decoration(inputs.health if tainted else None, driver_name, now),
+            dynamic_mig=dynamic,
+            shareable=shared,
             gpu_sets=gpu_sets,
             taken=inputs.held.held,
         ).slices

@@ -6,7 +6,10 @@ Publishing must then say less, never something false: with device taints dropped
 GPU would stay schedulable, so it is **withdrawn** from the slices instead (with its MIG devices
 and placements) until it recovers; devices that need shared counters (dynamic MIG) or consumable
 capacity (GPU shares) would be allocated twice, so they are refused at start when asked for
-explicitly (:func:`refusal`) and withdrawn when the server turns out to drop them later.
+explicitly (:func:`refusal`) and withdrawn when the server turns out to drop them later. Asked
+for with ``auto:`` (``--shareable auto:all``, ``--dynamic-mig auto:H100``) they are off instead
+where the server drops their fields, the selected GPUs published as plain full GPUs
+(:func:`resolve` at start, :func:`publishable` for every build, re-probes included).
 
 :class:`ServerFeatures` holds what the server keeps now (:class:`Kept`), learns it from a probe
 callable at start (a failing probe: assume everything is kept, as before, and try again on the
@@ -21,14 +24,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 import structlog
 
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import migprofiles, model
-from dra_driver.slices import shares
+from dra_driver.slices import migslices, shares
 
 Obj = dict[str, Any]
 
@@ -45,6 +48,11 @@ EFFECTS: dict[str, str] = {
     "deviceTaints": "unhealthy GPUs are withdrawn from the ResourceSlices instead of tainted",
     "sharedCounters": "devices that consume shared counters (dynamic MIG) are not published",
     "consumableCapacity": "shareable GPUs (consumable capacity) are not published",
+}
+# The effect where the flag says ``auto:``: that feature is off, nothing is withdrawn.
+AUTO_EFFECTS: dict[str, str] = {
+    "sharedCounters": "{flag}: dynamic MIG is off, its GPUs are published as full GPUs",
+    "consumableCapacity": "{flag}: GPU shares are off, its GPUs are published as full GPUs",
 }
 DROPPED_RECHECK_S = 5.0  # re-probes for writes answered without fields: at most this often
 
@@ -108,21 +116,70 @@ def refusal(
     server: str = "",
 ) -> str:
     """Why the agent must not start with these settings on this server ("" = it may): dynamic
-    MIG and GPU shares are explicit opt-ins whose fields the server would drop."""
+    MIG and GPU shares are explicit opt-ins whose fields the server would drop. An ``auto:``
+    selection is never refused (:func:`resolve` turns it off)."""
     where = f"the API server {server}" if server else "the API server"
-    if not kept.shared_counters and dynamic_mig.dynamic_gpus(gpus):
+    if not kept.shared_counters and not dynamic_mig.auto and dynamic_mig.dynamic_gpus(gpus):
         return (
             f"--dynamic-mig {dynamic_mig.spec} needs shared counters, but {where} drops them "
-            "(feature gate DRAPartitionableDevices is off): turn the gate on or run with "
-            "--dynamic-mig none"
+            "(feature gate DRAPartitionableDevices is off): turn the gate on, run with "
+            f"--dynamic-mig none, or with --dynamic-mig auto:{dynamic_mig.spec} (off where the "
+            "server drops them)"
         )
-    if not kept.consumable_capacity and any(shareable.matches(g) for g in gpus):
+    if (
+        not kept.consumable_capacity
+        and not shareable.auto
+        and any(shareable.matches(g) for g in gpus)
+    ):
         return (
             f"--shareable {shareable} needs consumable capacity, but {where} drops it "
-            "(feature gate DRAConsumableCapacity is off): turn the gate on or run with "
-            "--shareable none"
+            "(feature gate DRAConsumableCapacity is off): turn the gate on, run with "
+            f"--shareable none, or with --shareable auto:{shareable.spec} (off where the "
+            "server drops it)"
         )
     return ""
+
+
+def resolve(
+    kept: Kept, *, dynamic_mig: migprofiles.DynamicMig, shareable: shares.Shareable
+) -> tuple[migprofiles.DynamicMig, shares.Shareable]:
+    """The selections to run with on a server keeping ``kept``: an ``auto:`` one whose fields
+    the server drops is off (none); every other as given (an explicit one is refused at start,
+    :func:`refusal`, and withdrawn if the server drops its fields later, :func:`withdrawer`)."""
+    if dynamic_mig.auto and not kept.shared_counters:
+        dynamic_mig = migprofiles.STATIC
+    if shareable.auto and not kept.consumable_capacity:
+        shareable = shares.NONE
+    return dynamic_mig, shareable
+
+
+def publishable(
+    kept: Kept,
+    devices: model.NodeDevices,
+    *,
+    dynamic_mig: migprofiles.DynamicMig,
+    shareable: shares.Shareable,
+) -> tuple[model.NodeDevices, migprofiles.DynamicMig, shares.Shareable]:
+    """What to build the slices from on a server keeping ``kept`` (every build: at start and
+    after each re-probe): :func:`resolve`'s selections, and the GPUs an ``auto:`` dynamic MIG
+    selection no longer applies to as whole GPUs (as the agent, which started with them
+    dynamic, prepares them) instead of their MIG state at discovery."""
+    dynamic, shareable = resolve(kept, dynamic_mig=dynamic_mig, shareable=shareable)
+    if dynamic_mig.auto and not kept.shared_counters:
+        devices = migslices.as_whole(devices, dynamic_mig)
+    return devices, dynamic, shareable
+
+
+def auto_flags(
+    *, dynamic_mig: migprofiles.DynamicMig, shareable: shares.Shareable
+) -> dict[str, str]:
+    """Feature → the ``auto:`` flag that selects it (for the "drops the fields" line)."""
+    flags: dict[str, str] = {}
+    if dynamic_mig.auto:
+        flags["sharedCounters"] = f"--dynamic-mig {dynamic_mig.text}"
+    if shareable.auto:
+        flags["consumableCapacity"] = f"--shareable {shareable}"
+    return flags
 
 
 def withdrawer(kept: Kept) -> Callable[[list[Obj]], None] | None:
@@ -152,9 +209,14 @@ class ServerFeatures:
         log: structlog.typing.FilteringBoundLogger,
         metrics: metrics_mod.DriverMetrics | None = None,
         gpu_sets: bool = True,
+        auto: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``auto``: feature → the ``auto:`` flag selecting it (:func:`auto_flags`), named in
+        the line saying the server drops the feature's fields (the feature is off, not
+        withdrawn)."""
         self._probe = probe
+        self._auto = dict(auto or {})
         self._log = log
         self._metrics = metrics
         self._clock = clock
@@ -213,7 +275,11 @@ class ServerFeatures:
                     "API server drops the ResourceSlice fields of a feature",
                     feature=feature,
                     gate=GATES[feature],
-                    effect=EFFECTS[feature],
+                    effect=(
+                        AUTO_EFFECTS[feature].format(flag=self._auto[feature])
+                        if feature in self._auto
+                        else EFFECTS[feature]
+                    ),
                     reason=reason,
                 )
             elif now.keeps(feature) and not before.keeps(feature):

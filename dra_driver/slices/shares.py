@@ -38,26 +38,48 @@ COMPUTE_FULL: Final = 100
 
 
 class ShareableError(ValueError):
-    """A ``--shareable`` value that is neither none, all nor a valid regular expression."""
+    """A ``--shareable`` value that is neither none, all nor a valid regular expression (alone
+    or after ``auto:``)."""
+
+
+AUTO_PREFIX = "auto:"  # ``auto:<selection>``: on where the API server keeps the fields, else off
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Shareable:
-    """Which GPUs to publish as shareable: none, all, or those whose product name matches."""
+    """Which GPUs to publish as shareable: none, all, or those whose product name matches.
+    ``auto`` (written ``auto:<all|regex>``): only where the API server keeps consumable
+    capacity; where it drops it the selection is off instead of refused
+    (:func:`dra_driver.slices.serverfeatures.resolve`)."""
 
     spec: str = "none"
+    auto: bool = False
 
     @classmethod
     def parse(cls, text: str | None) -> Shareable:
         spec = (text or "none").strip() or "none"
+        auto = spec[: len(AUTO_PREFIX)].lower() == AUTO_PREFIX
+        if auto:
+            spec = spec[len(AUTO_PREFIX) :].strip()
+            if spec in ("", "none"):
+                raise ShareableError(
+                    f"--shareable {text!r}: auto: needs all or a regular expression over the "
+                    "GPU product name after it, e.g. auto:all"
+                )
+        elif spec.lower() == "auto":
+            raise ShareableError(
+                "--shareable 'auto': say which GPUs, e.g. auto:all or auto:H100 (on where the "
+                "API server keeps consumable capacity, off where it drops it)"
+            )
         if spec not in ("none", "all"):
             try:
                 re.compile(spec)
             except re.error as exc:
                 raise ShareableError(
-                    f"--shareable {spec!r}: not none, all or a valid regular expression ({exc})"
+                    f"--shareable {(text or '').strip()!r}: not none, all or a valid regular "
+                    f"expression ({exc})"
                 ) from None
-        return cls(spec)
+        return cls(spec, auto=auto)
 
     def matches(self, gpu: model.Gpu) -> bool:
         if self.spec == "none" or gpu.mig_enabled:
@@ -65,7 +87,8 @@ class Shareable:
         return self.spec == "all" or re.search(self.spec, gpu.product_name) is not None
 
     def __str__(self) -> str:
-        return self.spec
+        """As the flag is written (``auto:all``, ``H100``); parses back to the same value."""
+        return f"{AUTO_PREFIX}{self.spec}" if self.auto else self.spec
 
 
 NONE = Shareable()

@@ -78,3 +78,65 @@ def test_a_server_that_cannot_be_reached_is_one_error_line(run_cli: RunCli, tmp_
     code, items, err = slices(run_cli, "--fake", "dgx-h100", "--kubeconfig", str(kubeconfig))
     assert code == 2 and items == []
     assert len(err.strip().splitlines()) == 1 and "cannot reach the API server" in err
+
+
+def _strip_names(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**s, "metadata": {}} for s in items]
+
+
+def test_auto_shares_on_a_server_without_consumable_capacity_are_full_gpus(
+    run_cli: RunCli, serve: Any
+) -> None:
+    kubeconfig = str(serve(disabled_gates=frozenset({"DRAConsumableCapacity"})))
+    code, items, err = slices(
+        run_cli, "--fake", "dgx-h100", "--shareable", "auto:all", "--kubeconfig", kubeconfig
+    )
+    assert code == 0, err
+    devices = [d for s in items for d in s["spec"]["devices"]]
+    assert len(devices) == 8
+    assert not any(d.get("allowMultipleAllocations") for d in devices)
+    notes = [line for line in err.splitlines() if "--shareable auto:all" in line]
+    assert notes == [
+        "dra-driver: --shareable auto:all: GPU shares are off, its GPUs are published as full GPUs"
+    ]
+    # The explicit form keeps being refused, naming the auto: way out.
+    code, _, err = slices(
+        run_cli, "--fake", "dgx-h100", "--shareable", "all", "--kubeconfig", kubeconfig
+    )
+    assert code == 1 and "DRAConsumableCapacity is off" in err and "auto:all" in err
+
+
+def test_auto_dynamic_mig_on_a_server_without_counters_is_static(
+    run_cli: RunCli, serve: Any
+) -> None:
+    kubeconfig = str(serve(disabled_gates=frozenset({"DRAPartitionableDevices"})))
+    args = ("--fake", "h100-mig", "--kubeconfig", kubeconfig)
+    code, items, err = slices(run_cli, *args, "--dynamic-mig", "auto:all")
+    assert code == 0, err
+    assert not any(s["spec"].get("sharedCounters") for s in items)
+    assert not any(d.get("consumesCounters") for s in items for d in s["spec"].get("devices", ()))
+    assert "--dynamic-mig auto:all: dynamic MIG is off" in err
+    code, plain, err = slices(run_cli, *args)  # as without --dynamic-mig
+    assert code == 0, err
+    assert _strip_names(items) == _strip_names(plain)
+    code, _, err = slices(run_cli, *args, "--dynamic-mig", "all")
+    assert code == 1 and "DRAPartitionableDevices is off" in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "profile", "field"),
+    [
+        ("--shareable", "dgx-h100", "allowMultipleAllocations"),
+        ("--dynamic-mig", "h100-mig", "consumesCounters"),
+    ],
+)
+def test_auto_on_a_server_that_keeps_everything_is_the_explicit_form(
+    run_cli: RunCli, serve: Any, flag: str, profile: str, field: str
+) -> None:
+    args = ("--fake", profile, "--kubeconfig", str(serve()))
+    code, auto, err = slices(run_cli, *args, flag, "auto:all")
+    assert code == 0, err
+    code, explicit, err = slices(run_cli, *args, flag, "all")
+    assert code == 0, err
+    assert auto == explicit
+    assert any(d.get(field) for s in auto for d in s["spec"].get("devices", ()))

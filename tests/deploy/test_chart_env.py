@@ -82,6 +82,16 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "publishGraceSeconds": 45.5,
         },
     },
+    "kubelet-plugin-auto": {
+        **_COMMON,
+        "fakeGPU": {"profile": "h100-mig"},
+        "kubeletPlugin": {
+            **_PATHS,
+            "shareable": "auto:A100|H100",
+            "dynamicMig": "auto:H100",
+            "publishGraceSeconds": 45.5,
+        },
+    },
     "kubelet-plugin-address": {
         **_COMMON,
         "metrics": {"port": 9400, "address": "::"},
@@ -142,3 +152,19 @@ def test_every_chart_variable_sets_a_flag(
             continue
         assert value in changed.values(), f"{var}={value!r} changed {changed}, not to its value"
     assert unread == [], f"chart sets variables no flag of `{argv[0]}` reads: {unread}"
+
+
+def test_the_chart_passes_auto_selections_through(
+    rc: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dra_driver.cli import common
+
+    (ds,) = [
+        m.obj for m in rc.render(VALUE_SETS["kubelet-plugin-auto"]) if m.obj["kind"] == "DaemonSet"
+    ]
+    argv, env = _container_env(ds)
+    assert (env["SHAREABLE"], env["DYNAMIC_MIG"]) == ("auto:A100|H100", "auto:H100")
+    args = _parse(env, argv, monkeypatch)
+    shareable, dynamic = common.shareable_from(args), common.dynamic_mig(args)
+    assert (shareable.auto, shareable.spec) == (True, "A100|H100")
+    assert (dynamic.auto, dynamic.spec) == (True, "H100")
