@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 _GROUP = "/apis/resource.k8s.io/v1"
 _ROUTES: list[tuple[str, re.Pattern[str]]] = [
     ("claim", re.compile(rf"^{_GROUP}/namespaces/([^/]+)/resourceclaims/([^/]+)$")),
+    ("claimstatus", re.compile(rf"^{_GROUP}/namespaces/([^/]+)/resourceclaims/([^/]+)/status$")),
     ("claims", re.compile(rf"^{_GROUP}/namespaces/([^/]+)/resourceclaims$")),
     ("node", re.compile(r"^/api/v1/nodes/([^/]+)$")),
     ("slice", re.compile(rf"^{_GROUP}/resourceslices/([^/]+)$")),
@@ -59,10 +60,12 @@ VERSION = {
     "gitVersion": "v1.36.2",
     "platform": "linux/amd64",
 }
+APPLY_PATCH = "application/apply-patch+yaml"
 _SELECTABLE = {"spec.driver": "driver", "spec.nodeName": "node_name"}
 _REASONS = {
     400: "BadRequest",
     401: "Unauthorized",
+    403: "Forbidden",
     404: "NotFound",
     405: "MethodNotAllowed",
     409: "Conflict",
@@ -137,6 +140,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         dry_run = _dry_run(query, route, method)
         if route == "claim" and method == "GET":
             self._json(200, mem.get_resource_claim(args[0], args[1]))
+        elif route == "claimstatus" and method == "PATCH":
+            self._apply_content_type()
+            force = query.get("force") in ("true", "1")
+            manager = query.get("fieldManager", "")
+            self._json(
+                200, mem.apply_resource_claim_status(args[0], args[1], body, manager, force=force)
+            )
         elif route == "claims" and method == "POST":
             body.setdefault("metadata", {})["namespace"] = args[0]
             self._json(201, mem.create_resource_claim(body))
@@ -250,11 +260,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             )
         return body
 
+    def _apply_content_type(self) -> None:
+        kind = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        if kind != APPLY_PATCH:
+            raise api.ApiError(
+                415,
+                f"the fake API server applies claim status with {APPLY_PATCH} only, not "
+                f"{kind or 'no type'}",
+                reason="UnsupportedMediaType",
+            )
+
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
         if not length:
             return {}
-        return json.loads(self.rfile.read(length) or b"{}")
+        data = self.rfile.read(length) or b"{}"
+        if (self.headers.get("Content-Type") or "").startswith(APPLY_PATCH):
+            return yaml.safe_load(data)  # an apply patch is YAML (JSON is YAML too)
+        return json.loads(data)
 
     def _json(self, code: int, obj: Any) -> None:
         data = json.dumps(obj).encode()

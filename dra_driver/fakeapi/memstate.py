@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dra_driver.apimachinery import fielderrors, schema
-from dra_driver.fakeapi import admission, eventlog, featuregates, nodes, serverbits
+from dra_driver.fakeapi import admission, claimstatus, eventlog, featuregates, nodes, serverbits
 from dra_driver.kube import api
 
 Obj = api.Obj
@@ -70,6 +70,8 @@ class ClusterState:
         )
         self._slices: dict[str, Obj] = {}  # served by the subclass
         self._claims: dict[tuple[str, str], Obj] = {}
+        # Who owns which status.devices entry of a claim (server-side apply, :mod:`.claimstatus`).
+        self._status_owners: dict[tuple[str, str], claimstatus.Owners] = {}
         self._classes: dict[str, Obj] = {}
         self._nodes: dict[str, Obj] = {}
         self._namespaces: dict[str, dict[str, str]] = {"default": {}, "kube-system": {}}
@@ -117,6 +119,39 @@ class ClusterState:
             new["metadata"]["resourceVersion"] = self._next_rv()
             self._nodes[name] = new
         return self._nodes[name]
+
+    def apply_resource_claim_status(
+        self, namespace: str, name: str, patch: Obj, field_manager: str, *, force: bool = True
+    ) -> Obj:
+        """Server-side apply of ``status.devices`` by ``field_manager`` (:mod:`.claimstatus`:
+        validation and per-manager ownership of the entries); a change bumps resourceVersion."""
+        method = "apply_resource_claim_status"
+        with self._lock:
+            self._enter(method, name)
+            key = (namespace, name)
+            old = self._claims.get(key)
+            if old is None:
+                raise self._fail(method, name, 404, f'{_CLAIMS} "{name}" not found')
+            try:
+                new, owners = claimstatus.apply(
+                    old,
+                    json.loads(json.dumps(patch)),
+                    manager=field_manager,
+                    force=force,
+                    owners=self._status_owners.get(key, {}),
+                )
+            except claimstatus.ApplyError as exc:
+                raise self._fail(method, name, exc.status, str(exc)) from None
+            self._status_owners[key] = owners
+            if new != old:
+                new["metadata"]["resourceVersion"] = self._next_rv()
+                self._claims[key] = new
+            return self._ok(method, name, self._claims[key])
+
+    def status_owners(self, namespace: str, name: str) -> claimstatus.Owners:
+        """Test helper: which manager owns which ``status.devices`` entry."""
+        with self._lock:
+            return copy.deepcopy(self._status_owners.get((namespace, name), {}))
 
     def create_resource_claim(self, obj: Obj) -> Obj:
         """POST a ResourceClaim with the server's defaulting and validation."""
@@ -192,11 +227,14 @@ class ClusterState:
                 meta.setdefault("uid", old["metadata"]["uid"])
             self._new_meta(new, keep_uid=True)
             self._claims[(meta["namespace"], meta["name"])] = new
+            if old is None or old["metadata"]["uid"] != meta["uid"]:  # a new claim: no owners
+                self._status_owners.pop((meta["namespace"], meta["name"]), None)
             return copy.deepcopy(new)
 
     def delete_resource_claim(self, namespace: str, name: str) -> None:
         """Test helper: remove a claim (NotFound when absent)."""
         with self._lock:
+            self._status_owners.pop((namespace, name), None)
             if self._claims.pop((namespace, name), None) is None:
                 raise api.NotFound(f'{_CLAIMS} "{name}" not found')
 

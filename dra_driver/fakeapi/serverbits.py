@@ -35,7 +35,8 @@ def error_for(status: int, message: str, reason: str = "") -> api.ApiError:
         return api.Conflict(message, reason=reason or guessed)
     if status in (400, 422):
         return api.Invalid(message, status=status)
-    return api.ApiError(status, message, reason=reason or ("" if status == 0 else "InternalError"))
+    default = {0: "", 403: "Forbidden", 429: "TooManyRequests"}.get(status, "InternalError")
+    return api.ApiError(status, message, reason=reason or default)
 
 
 def generate_name(prefix: str, taken: Container[str], rng: random.Random) -> str:

@@ -64,6 +64,16 @@ class KubeApi(Protocol):
         """GET a ResourceClaim; raises :class:`NotFound`."""
         ...
 
+    def apply_resource_claim_status(
+        self, namespace: str, name: str, patch: Obj, field_manager: str
+    ) -> Obj:
+        """Server-side apply (``application/apply-patch+yaml``, ``force=true``) of a claim's
+        status by ``field_manager``: ``patch`` is a ResourceClaim with ``metadata.name`` (and
+        ``uid``, a precondition) and ``status.devices``, the entries this manager wants; the
+        ones it applied before and no longer lists go, other managers' stay. Returns the claim.
+        Raises NotFound, Conflict (UID precondition), Invalid, ApiError (403: RBAC)."""
+        ...
+
     def get_node(self, name: str) -> Obj:
         """GET a Node (owner of our ResourceSlices; its labels); raises NotFound."""
         ...

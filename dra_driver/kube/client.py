@@ -145,12 +145,28 @@ class KubeClient:
     def get_node(self, name: str) -> api.Obj:
         return self._json("GET", f"/api/v1/nodes/{_q(name)}")
 
+    def apply_resource_claim_status(
+        self, namespace: str, name: str, patch: api.Obj, field_manager: str
+    ) -> api.Obj:
+        # Server-side apply: a media type of its own, so through the library (JSON is YAML).
+        path = f"{_GROUP}/namespaces/{_q(namespace)}/resourceclaims/{_q(name)}/status"
+        query = [("fieldManager", field_manager), ("force", "true")]
+        return self._patch(path, json.dumps(patch), "application/apply-patch+yaml", query=query)
+
     def patch_node(self, name: str, patch: api.Obj) -> api.Obj:
         # Rare (only when our labels change): through the library, which sends any media type.
         path = f"/api/v1/nodes/{_q(name)}"
-        response = self._request(
-            "PATCH", path, body=patch, content_type="application/merge-patch+json"
-        )
+        return self._patch(path, patch, "application/merge-patch+json")
+
+    def _patch(
+        self,
+        path: str,
+        body: api.Obj | str,
+        content_type: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+    ) -> api.Obj:
+        response = self._request("PATCH", path, query=query, body=body, content_type=content_type)
         try:
             data = response.data
         except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -290,7 +306,7 @@ class KubeClient:
         path: str,
         *,
         query: list[tuple[str, str]] | None = None,
-        body: api.Obj | None = None,
+        body: api.Obj | str | None = None,
         timeout: tuple[float, float] | None = None,
         content_type: str = "application/json",
     ) -> Any:

@@ -281,9 +281,13 @@ def test_rbac_is_exactly_what_the_agent_calls(rc: ModuleType) -> None:
     (role,) = objects(rc, {}, "ClusterRole")
     assert _rules(role) == {
         ("resource.k8s.io", "resourceclaims"): ["get"],
+        ("resource.k8s.io", "resourceclaims/status"): ["patch"],  # status.devices
+        ("resource.k8s.io", "resourceclaims/driver"): ["associated-node:patch"],
         ("resource.k8s.io", "resourceslices"): ["create", "delete", "list", "update", "watch"],
         ("", "nodes"): ["get", "patch"],  # patch: the Node's GPU labels
     }
+    (granular,) = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    assert granular["resourceNames"] == ["gpu.nvidia.com"]  # only our driver's entries
     (role,) = objects(rc, {"nodeLabels": {"enabled": False}}, "ClusterRole")
     assert _rules(role)[("", "nodes")] == ["get"]
     assert objects(rc, {"kubeletPlugin": {"enabled": False}}, "ClusterRole") == []
