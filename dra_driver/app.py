@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from dra_driver import health_server, logs, nodehealth
+from dra_driver import gpumetrics, health_server, logs, nodehealth
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import backend as devices_backend
 from dra_driver.devices import (
@@ -42,6 +42,7 @@ from dra_driver.devices import (
 from dra_driver.driver import (
     cdi,
     checkpoint,
+    claimstatus,
     driverfiles,
     instances,
     inventory,
@@ -175,6 +176,15 @@ def build_driver(
         serial=settings.serial,
         metrics=metrics,
         claim_lock=locks.hold if locks else None,
+        status=claimstatus.StatusWriter(
+            api=api,
+            store=store,
+            devices=preparable,
+            gpus=claimstatus.gpu_facts(devices),
+            driver_name=settings.driver_name,
+            log=log.bind(component="claim-status"),
+            metrics=metrics,
+        ),
     )
     driver.update_gauges()
     return driver
@@ -327,6 +337,15 @@ def run(
         )
     except OSError as exc:
         raise StartupError(f"cannot set up the plugin's files: {exc}") from exc
+    gpu_metrics = gpumetrics.start(
+        registry=metrics.registry,
+        backend_=backend,
+        devices=devices,
+        claims=driver.state.prepared,
+        interval_s=settings.gpu_metrics_interval_s,
+        node_name=settings.node_name,
+        log=log.bind(component="gpu-metrics"),
+    )
     node_health = nodehealth.start(
         policy=settings.health,
         nvml_api=getattr(backend, "nvml_api", None),
@@ -411,6 +430,7 @@ def run(
         if supervisor is not None:
             supervisor.stop()
         node_health.stop()
+        gpu_metrics.stop()
         streams.stop()
         dra.stop(grace_s=5.0)
         driver.close()

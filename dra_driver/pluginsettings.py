@@ -53,6 +53,7 @@ class PluginSettings:
     shareable: shares.Shareable = shares.NONE  # GPUs published with consumable capacity
     gpu_sets: bool = True  # set ranks on the GPU devices (--gpu-sets, docs/topology.md)
     mps_check_interval_s: float = 10.0  # how often dead MPS daemons are looked for (0 = never)
+    gpu_metrics_interval_s: float = 15.0  # one NVML telemetry pass per interval (0 = off)
 
     @property
     def plugin_dir(self) -> Path:

@@ -5,7 +5,9 @@ the NVLink/PCIe matrix like ``nvidia-smi topo -m``, and the NVLink islands. ``--
 gives the full device model with stable field names (docs/discover.md). Health is what NVML shows
 right now (lost, pages pending retirement, row remapping, fabric, recovery action); pointed at a
 running node agent (its ``--kubelet-plugins-dir`` or ``--device-plugin-dir``) it is the agent's
-view instead: XIDs seen, hold times, recoveries (docs/health.md).
+view instead: XIDs seen, hold times, recoveries (docs/health.md). ``--claims`` lists the claims
+the agent prepared (read from its checkpoint in the plugin directory, never changed) with the
+physical GPUs behind their devices.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -30,6 +33,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common.add_backend_flags(parser)
     parser.add_argument("--output", "-o", choices=("table", "json", "yaml"), default="table")
     agentflags.add(parser, explicit_only=True)
+    parser.add_argument(
+        "--claims",
+        action="store_true",
+        help="list the claims the DRA agent prepared on this node, from its checkpoint under "
+        f"--kubelet-plugins-dir (default {agentflags.DEFAULT_PLUGINS_DIR}) and --driver-name, "
+        "with their devices and physical GPUs (UUID, minor)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -39,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         devices = source.discover()
     except (common.UsageError, backend.DiscoveryError) as exc:
         return common.fail(str(exc))
+    if args.claims:
+        return _claims(args, devices)
     try:
         view = health_view(args, source, devices)
     except healthcontrol.ControlError as exc:
@@ -194,3 +206,90 @@ def _columns(rows: list[list[str]]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )
+
+
+def prepared_claims(plugin_dir: Path, devices: model.NodeDevices) -> list[dict[str, Any]]:
+    """The claim records in the agent's checkpoint under ``plugin_dir`` (read only: nothing is
+    moved, deleted or locked), each with its devices and the physical GPUs behind them."""
+    from dra_driver.driver import checkpoint, claiminfo, inventory
+
+    claims_dir = plugin_dir / "claims"
+    index = inventory.build(devices, mig_minors=None)
+    found: list[dict[str, Any]] = []
+    for path in sorted(claims_dir.glob("*.json")) if claims_dir.is_dir() else []:
+        try:
+            record = checkpoint.ClaimRecord.model_validate(
+                checkpoint.decode_json(checkpoint.read_file(path), what=path.name)
+            )
+        except (ValueError, OSError, RecursionError):
+            continue  # a spare, a torn write, another format: the agent moves those aside
+        if path.name != f"{record.uid}.json":
+            continue
+        gpus = claiminfo.physical_gpus(record, index)
+        found.append(
+            {
+                "namespace": record.namespace,
+                "name": record.name,
+                "uid": record.uid,
+                "state": record.state,
+                "devices": [
+                    {
+                        "device": dev.deviceName,
+                        "requests": list(dev.requestNames),
+                        "gpus": [
+                            {"uuid": g.gpu_uuid, "minor": g.gpu_minor, "mig_uuid": g.mig_uuid}
+                            for g in gpus
+                            if g.device == dev.deviceName
+                        ],
+                    }
+                    for dev in record.devices
+                ],
+            }
+        )
+    return sorted(found, key=lambda c: (c["namespace"], c["name"], c["uid"]))
+
+
+def _claims(args: argparse.Namespace, devices: model.NodeDevices) -> int:
+    from dra_driver.cli import env_default
+
+    plugins = args.kubelet_plugins_dir or Path(
+        env_default("KUBELET_PLUGINS_DIR", agentflags.DEFAULT_PLUGINS_DIR)
+        or agentflags.DEFAULT_PLUGINS_DIR
+    )
+    plugin_dir = Path(plugins) / args.driver_name
+    if not (plugin_dir / "claims").is_dir():
+        return common.fail(
+            f"no checkpoint at {plugin_dir / 'claims'}: is the DRA agent's --kubelet-plugins-dir "
+            f"{plugins} and --driver-name {args.driver_name}?",
+            code=1,
+        )
+    found = prepared_claims(plugin_dir, devices)
+    if args.output == "json":
+        print(json.dumps({"claims": found}, indent=2))
+    elif args.output == "yaml":
+        print(yaml.safe_dump({"claims": found}, sort_keys=False), end="")
+    else:
+        print(render_claims(found))
+    return 0
+
+
+def render_claims(found: list[dict[str, Any]]) -> str:
+    """One row per physical GPU of each prepared device (a device on no known GPU: one row)."""
+    if not found:
+        return "no prepared claims"
+    rows = [["CLAIM", "UID", "STATE", "DEVICE", "GPU UUID", "MINOR", "MIG UUID"]]
+    for claim in found:
+        for dev in claim["devices"]:
+            for gpu in dev["gpus"] or [{"uuid": "-", "minor": "-", "mig_uuid": ""}]:
+                rows.append(
+                    [
+                        f"{claim['namespace']}/{claim['name']}",
+                        claim["uid"],
+                        claim["state"],
+                        dev["device"],
+                        gpu["uuid"],
+                        str(gpu["minor"]),
+                        gpu["mig_uuid"] or "-",
+                    ]
+                )
+    return _columns(rows)

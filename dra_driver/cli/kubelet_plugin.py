@@ -128,6 +128,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds between checks of the MPS control daemons of shared GPUs: dead ones are "
         "restarted, unused ones stopped (env MPS_CHECK_INTERVAL; 0 = never)",
     )
+    parser.add_argument(
+        "--gpu-metrics-interval",
+        type=_seconds,
+        default=env_default("GPU_METRICS_INTERVAL", "15"),
+        metavar="SECONDS",
+        help="seconds between NVML passes for the per-claim GPU metrics on /metrics "
+        "(utilization, memory, power, temperature; docs/metrics.md) "
+        "(env GPU_METRICS_INTERVAL; default 15; 0 = off)",
+    )
     common.add_dynamic_mig_flag(parser)
     common.add_backend_flags(parser)
     common.add_shareable_flag(parser)
@@ -182,6 +191,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         shareable=common.shareable_from(args),
         gpu_sets=common.gpu_sets_from(args),
         mps_check_interval_s=args.mps_check_interval,
+        gpu_metrics_interval_s=args.gpu_metrics_interval,
     )
 
 

@@ -6,6 +6,8 @@ one or the fake one. Keeping this a one-method protocol lets tests hand in anyth
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Protocol
 
 from dra_driver.devices import model
@@ -23,4 +25,30 @@ class Backend(Protocol):
 
     def discover(self) -> model.NodeDevices:
         """Return the node's GPUs; GPUs that fail individually are skipped, not fatal."""
+        ...
+
+
+# The values a GPU sample carries, by the names its ``errors`` use.
+SAMPLE_VALUES: tuple[str, ...] = ("utilization", "memory", "power", "temperature")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU's telemetry at one sampling pass; None = NVML could not give it (see errors)."""
+
+    uuid: str
+    gpu_util_percent: float | None = None
+    memory_util_percent: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+    temperature_celsius: float | None = None
+    errors: tuple[str, ...] = ()  # of SAMPLE_VALUES: those NVML refused for this GPU
+
+
+class GpuSampler(Protocol):
+    """Something that reads GPU telemetry (the NVML backends' :meth:`sampler`)."""
+
+    def sample(self, uuids: Sequence[str]) -> dict[str, GpuSample]:
+        """One pass over ``uuids``; never raises for one GPU's failure."""
         ...

@@ -34,6 +34,10 @@ class FakeBackend:
         """The stand-in, for the health watcher (same calls as real NVML) and fake events."""
         return self.nvml
 
+    def sampler(self) -> nvml.NvmlSampler:
+        """GPU telemetry from the stand-in (the real sampler over fake NVML)."""
+        return nvml.NvmlSampler(self.nvml)
+
     def discover(self) -> model.NodeDevices:
         if self._backend is None:
             self._backend = nvml.PynvmlBackend.create(

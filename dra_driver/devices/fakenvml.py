@@ -24,6 +24,7 @@ from dra_driver.devices import fakefaults, fakemig, fakemigdev, nvml, profiles
 
 Failure = Exception | type[Exception]
 _UNKNOWN_ARCH = 0xFFFFFFFF
+_NO_TELEMETRY = profiles.Telemetry()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -242,8 +243,43 @@ class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth):
 
     def nvmlDeviceGetMemoryInfo(self, handle: object) -> Any:
         dev = self._device("nvmlDeviceGetMemoryInfo", handle)
+        self._telemetry_supported(dev, "memory")
         total = int(self.profile.resolved(dev.pos, "memory"))
-        return nvml.c_nvmlMemory_t(total=total, free=total, used=0)
+        used = min(total, self._telemetry(dev).memory_used or total // 100 * (3 + dev.index % 5))
+        return nvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
+
+    # --- telemetry: from the profile's ``telemetry``, else derived from the GPU index ---------
+    def _telemetry(self, dev: _Device) -> profiles.Telemetry:
+        return self.profile.resolved(dev.pos, "telemetry") or _NO_TELEMETRY
+
+    def _telemetry_supported(self, dev: _Device, value: str) -> None:
+        if value in self._telemetry(dev).not_supported:
+            raise nvml.NVMLError_NotSupported()
+
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> Any:
+        dev = self._device("nvmlDeviceGetUtilizationRates", handle)
+        self._telemetry_supported(dev, "utilization")
+        t = self._telemetry(dev)
+        gpu = t.gpu_utilization if t.gpu_utilization is not None else (dev.index * 37 + 11) % 101
+        memory = t.memory_utilization
+        return nvml.c_nvmlUtilization_t(
+            gpu=gpu, memory=memory if memory is not None else (dev.index * 23 + 5) % 101
+        )
+
+    def nvmlDeviceGetPowerUsage(self, handle: object) -> int:
+        """Milliwatts, as NVML reports them."""
+        dev = self._device("nvmlDeviceGetPowerUsage", handle)
+        self._telemetry_supported(dev, "power")
+        watts = self._telemetry(dev).power_watts
+        return round((watts if watts is not None else 70.0 + 12.5 * dev.index) * 1000)
+
+    def nvmlDeviceGetTemperature(self, handle: object, sensor: int) -> int:
+        dev = self._device("nvmlDeviceGetTemperature", handle)
+        if sensor != nvml.NVML_TEMPERATURE_GPU:
+            raise nvml.NVMLError_InvalidArgument()
+        self._telemetry_supported(dev, "temperature")
+        temperature = self._telemetry(dev).temperature
+        return temperature if temperature is not None else 30 + 3 * dev.index
 
     def nvmlDeviceGetPciInfo(self, handle: object) -> Any:
         return self._pci(self._bus[self._device("nvmlDeviceGetPciInfo", handle).pos])

@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import math
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import pynvml
@@ -50,6 +50,7 @@ nvmlFriendlyObject = pynvml.nvmlFriendlyObject
 NVMLError_Timeout = pynvml.NVMLError_Timeout
 
 c_nvmlMemory_t = pynvml.c_nvmlMemory_t
+c_nvmlUtilization_t = pynvml.c_nvmlUtilization_t
 nvmlPciInfo_t = pynvml.nvmlPciInfo_t
 c_nvmlDeviceAttributes = pynvml.c_nvmlDeviceAttributes
 c_nvmlGpuInstanceInfo_t = pynvml.c_nvmlGpuInstanceInfo_t
@@ -72,6 +73,7 @@ c_nvmlEventData_t = pynvml.c_nvmlEventData_t
 c_nvmlFieldValue_t = pynvml.c_nvmlFieldValue_t
 
 NVML_SUCCESS: Final[int] = pynvml.NVML_SUCCESS
+NVML_TEMPERATURE_GPU: Final[int] = pynvml.NVML_TEMPERATURE_GPU
 NVML_FEATURE_DISABLED: Final[int] = pynvml.NVML_FEATURE_DISABLED
 NVML_FEATURE_ENABLED: Final[int] = pynvml.NVML_FEATURE_ENABLED
 NVML_DEVICE_MIG_DISABLE: Final[int] = pynvml.NVML_DEVICE_MIG_DISABLE
@@ -215,6 +217,63 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+class NvmlSampler:
+    """One NVML pass over the given GPUs: utilization, memory, power, temperature
+    (:class:`~dra_driver.devices.backend.GpuSampler`). A value NVML cannot give for a GPU
+    (NotSupported, NoPermission, a lost GPU, any NVMLError) is left None and its name listed in
+    the sample's ``errors``; a GPU whose handle cannot be found has every value None. Handles
+    are looked up once per UUID and kept. Not thread-safe: one sampling thread calls it."""
+
+    def __init__(self, api: NvmlApi) -> None:
+        self._nvml = api
+        self._handles: dict[str, Any] = {}
+
+    def sample(self, uuids: Sequence[str]) -> dict[str, backend.GpuSample]:
+        return {uuid: self._one(uuid) for uuid in uuids}
+
+    def _one(self, uuid: str) -> backend.GpuSample:
+        api = self._nvml
+        handle = self._handles.get(uuid)
+        if handle is None:
+            try:
+                handle = api.nvmlDeviceGetHandleByUUID(uuid)
+            except NVMLError:
+                return backend.GpuSample(uuid=uuid, errors=backend.SAMPLE_VALUES)
+            self._handles[uuid] = handle
+        errors: list[str] = []
+        gpu_util = mem_util = used = total = power = temperature = None
+        try:
+            rates = api.nvmlDeviceGetUtilizationRates(handle)
+            gpu_util, mem_util = float(rates.gpu), float(rates.memory)
+        except NVMLError:
+            errors.append("utilization")
+        try:
+            mem = api.nvmlDeviceGetMemoryInfo(handle)
+            used, total = int(mem.used), int(mem.total)
+        except NVMLError:
+            errors.append("memory")
+        try:
+            power = int(api.nvmlDeviceGetPowerUsage(handle)) / 1000.0  # milliwatts
+        except NVMLError:
+            errors.append("power")
+        try:
+            temperature = float(api.nvmlDeviceGetTemperature(handle, NVML_TEMPERATURE_GPU))
+        except NVMLError:
+            errors.append("temperature")
+        if errors and len(errors) == len(backend.SAMPLE_VALUES):
+            self._handles.pop(uuid, None)  # look it up again next time (a GPU reset, ...)
+        return backend.GpuSample(
+            uuid=uuid,
+            gpu_util_percent=gpu_util,
+            memory_util_percent=mem_util,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            power_watts=power,
+            temperature_celsius=temperature,
+            errors=tuple(errors),
+        )
+
+
 class PynvmlBackend:
     """Discovery over an (injected) NVML module; see the module docstring for the rules."""
 
@@ -251,6 +310,10 @@ class PynvmlBackend:
     def nvml_api(self) -> NvmlApi:
         """The NVML module this backend calls (the health watcher calls the same one)."""
         return self._nvml
+
+    def sampler(self) -> NvmlSampler:
+        """Samples utilization, memory, power and temperature through this backend's NVML."""
+        return NvmlSampler(self._nvml)
 
     def close(self) -> None:
         """Release NVML (pairs with the ``nvmlInit`` of :meth:`create`)."""

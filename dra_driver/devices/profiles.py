@@ -12,7 +12,7 @@ import importlib.resources
 import re
 import uuid as uuidlib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pydantic
 import yaml
@@ -65,6 +65,24 @@ class MigSpec(pydantic.BaseModel):
     uuid: str | None = None
 
 
+TelemetryValue = Literal["utilization", "memory", "power", "temperature"]
+
+
+class Telemetry(pydantic.BaseModel):
+    """What the fake NVML reports as a GPU's telemetry; unset values are derived from the GPU's
+    index (deterministic). ``notSupported``: values NVML refuses for it (NotSupported)."""
+
+    model_config = _CAMEL
+    gpu_utilization: int | None = pydantic.Field(default=None, alias="gpuUtilization", ge=0, le=100)
+    memory_utilization: int | None = pydantic.Field(
+        default=None, alias="memoryUtilization", ge=0, le=100
+    )
+    memory_used: Bytes | None = pydantic.Field(default=None, alias="memoryUsed")
+    power_watts: float | None = pydantic.Field(default=None, alias="powerWatts", ge=0)
+    temperature: int | None = pydantic.Field(default=None, ge=0, le=150)
+    not_supported: tuple[TelemetryValue, ...] = pydantic.Field(default=(), alias="notSupported")
+
+
 class GpuDefaults(pydantic.BaseModel):
     """Fields shared by all GPUs of a profile unless a GPU overrides them."""
 
@@ -82,6 +100,8 @@ class GpuDefaults(pydantic.BaseModel):
     mig_capable: bool | None = pydantic.Field(default=None, alias="migCapable")
     # MIG-capable: the built-in profile table of this GPU model (dra_driver/devices/migtables.py).
     mig_profiles: str | None = pydantic.Field(default=None, alias="migProfiles")
+    # Fake telemetry (utilization, memory used, power, temperature) and what NVML refuses.
+    telemetry: Telemetry | None = None
 
 
 class GpuSpec(GpuDefaults):

@@ -141,8 +141,15 @@ class CdiSpecs:
 
     # ---- build, write, remove ----------------------------------------------------------------
 
-    def build(self, ref: claims.ClaimRef, planned: Sequence[Planned]) -> dict[str, Any]:
-        """The spec for ``ref``'s devices; raises :class:`CdiError` for a missing device node."""
+    def build(
+        self,
+        ref: claims.ClaimRef,
+        planned: Sequence[Planned],
+        *,
+        mounts: Sequence[Mapping[str, Any]] = (),
+    ) -> dict[str, Any]:
+        """The spec for ``ref``'s devices; raises :class:`CdiError` for a missing device node.
+        ``mounts``: more claim-wide mounts (the claim's metadata file, docs/metadata.md)."""
         if not planned:
             raise CdiError(f"{ref}: no devices to put in a CDI spec")
         devices = []
@@ -172,8 +179,8 @@ class CdiSpecs:
                 self.host.entry(path, ref=ref, device="every GPU") for path in CONTROL_NODES
             ],
         }
-        if self._mounts:
-            common["mounts"] = self._mounts
+        if self._mounts or mounts:
+            common["mounts"] = [*self._mounts, *(dict(m) for m in mounts)]
         spec: dict[str, Any] = {
             "cdiVersion": "",
             "kind": self.kind,

@@ -97,6 +97,23 @@ def check_identity(claim: Obj, ref: ClaimRef) -> None:
         )
 
 
+def reserved_pods(claim: Obj) -> tuple[str, ...]:
+    """The names of the pods in the claim's ``status.reservedFor`` (other consumers and
+    malformed entries are skipped: this only labels metrics)."""
+    status = claim.get("status")
+    entries = status.get("reservedFor") if isinstance(status, Mapping) else None
+    if not isinstance(entries, list):
+        return ()
+    return tuple(
+        e["name"]
+        for e in entries
+        if isinstance(e, Mapping)
+        and e.get("resource") == "pods"
+        and not e.get("apiGroup")
+        and isinstance(e.get("name"), str)
+    )
+
+
 def allocated_devices(
     claim: Obj, *, ref: ClaimRef, driver: str, pool: str
 ) -> tuple[AllocatedDevice, ...]:

@@ -22,7 +22,7 @@ import structlog
 
 from dra_driver import logs
 from dra_driver import metrics as metrics_mod
-from dra_driver.driver import checkpoint, claims, periodic, recovery, results, state
+from dra_driver.driver import checkpoint, claims, claimstatus, periodic, recovery, results, state
 from dra_driver.kube import api as kube
 
 T = TypeVar("T")
@@ -41,10 +41,14 @@ class Driver:
         serial: bool = False,
         metrics: metrics_mod.DriverMetrics | None = None,
         claim_lock: ClaimLock | None = None,
+        status: claimstatus.StatusWriter | None = None,
     ) -> None:
         """``metrics`` counts and times every claim (one log event each, too); ``claim_lock``
         (a claim UID → context manager) wraps each claim's work, e.g. a file lock shared with
-        another instance of the plugin (:mod:`dra_driver.driver.instances`)."""
+        another instance of the plugin (:mod:`dra_driver.driver.instances`); ``status`` is told
+        of every claim prepared or unprepared, to write its ``status.devices`` (in the
+        background: never delays or fails the call)."""
+        self.status = status
         self.state = claim_state
         self.log = log
         self.serial = serial
@@ -64,6 +68,7 @@ class Driver:
                     req.fail(self._error("prepare", ref, exc))
                     return results.PrepareResult(error=req.error)
                 req.devices = [d.device_name for d in devices]
+                self._status_changed(ref)
                 return results.PrepareResult(devices=devices)
 
         return self._each(refs, one)
@@ -78,6 +83,8 @@ class Driver:
                         self.state.unprepare(ref)
                 except Exception as exc:
                     req.fail(self._error("unprepare", ref, exc))
+                else:
+                    self._status_changed(ref)
                 return req.error
 
         return self._each(refs, one)
@@ -114,6 +121,16 @@ class Driver:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.status is not None:
+            self.status.stop()
+
+    def _status_changed(self, ref: claims.ClaimRef) -> None:
+        if self.status is None:
+            return
+        try:
+            self.status.sync(ref)
+        except Exception:  # reporting status never costs the kubelet its answer
+            self._claim_log(ref).exception("cannot queue the claim's device status write")
 
     def _each(
         self, refs: Sequence[claims.ClaimRef], one: Callable[[claims.ClaimRef], T]

@@ -63,6 +63,8 @@ class Inventory:
     devices: Mapping[str, PreparableDevice]
     settable: frozenset[str] = frozenset()  # full GPUs (not in MIG mode, or dynamic): set members
     mig_minors: Mapping[str, int] | None = None  # None: fake mode
+    # The discovered model it was built from (PCI, NUMA, NVLink, MIG profiles: claim metadata).
+    node: model.NodeDevices | None = None
 
     def get(self, name: str) -> PreparableDevice | None:
         """The device published as ``name``; a set name maps to its member GPUs."""
@@ -183,7 +185,7 @@ def build(
                 problem=problem,
             )
     settable = frozenset(g.name for g in node.gpus if not g.mig_enabled or dynamic.selects(g))
-    return Inventory(devices=devices, settable=settable, mig_minors=mig_minors)
+    return Inventory(devices=devices, settable=settable, mig_minors=mig_minors, node=node)
 
 
 def mig_nodes(

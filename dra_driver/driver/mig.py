@@ -153,7 +153,11 @@ class MigInstances:
                     raise MigError(
                         f"{ref}: device {known.name} cannot be prepared: {created.problem}"
                     )
-                out.append(cdi.Planned(device=created, request=item.request, config=item.config))
+                out.append(
+                    cdi.Planned(
+                        device=created, request=item.request, config=item.config, edits=item.edits
+                    )
+                )
                 made[known.name] = checkpoint.MigRecord(
                     parentUUID=known.placement.parent_uuid,
                     profile=known.placement.profile,

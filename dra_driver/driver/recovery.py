@@ -6,8 +6,9 @@ that module's docstring), run once before the plugin serves: records of an earli
 forgotten, unreadable files moved aside (:mod:`~dra_driver.driver.checkpoint`), GPU sharing
 re-applied or restored, MPS daemons adopted or stopped, dynamic MIG instances reconciled with the
 records (unprepares a crash cut short are finished), interrupted preparations rolled back,
-missing or differing CDI specs of prepared claims rewritten from their records, specs of ours
-without a record removed, and the GPUs the prepared claims hold handed to the slices' set ranks
+missing or differing CDI specs of prepared claims rewritten from their records (their metadata
+files first, :mod:`~dra_driver.driver.devicemeta`), specs and metadata of ours without a record
+removed, and the GPUs the prepared claims hold handed to the slices' set ranks
 (:mod:`dra_driver.devices.holdings`).
 """
 
@@ -31,6 +32,7 @@ def recover(state: ClaimState) -> None:
     for uid in report.other_boot:
         if checkpoint.valid_uid(uid):
             state.specs.remove(uid)
+            state.metadata.remove(claims.ClaimRef(uid=uid, namespace="", name=""))
     if report.other_boot:
         state.log.info(
             "node rebooted since these claims were prepared; forgot them",
@@ -47,6 +49,7 @@ def recover(state: ClaimState) -> None:
         )
         if record.state == checkpoint.PREPARE_STARTED:
             state.specs.remove(record.uid)
+            state.metadata.remove(ref_of(record))
             state.store.delete(record.uid)
             clog.warning("rolled back a preparation interrupted by a crash")
             continue
@@ -55,6 +58,8 @@ def recover(state: ClaimState) -> None:
             clog.warning("finished an unprepare interrupted by a crash (MIG instance gone)")
             continue
         try:
+            if state.metadata.restore(record):  # before the spec that mounts them
+                clog.warning("restored the metadata files of a prepared claim")
             path = state.specs.spec_path(record.uid)
             if not os.path.lexists(path):
                 state.specs.write(record.uid, record.cdiSpec)
@@ -71,6 +76,10 @@ def recover(state: ClaimState) -> None:
         if uid not in known:
             state.specs.remove(uid)
             state.log.info("removed a CDI spec of ours without a prepared claim", claim_uid=uid)
+    for uid in state.metadata.uids_on_disk():
+        if uid not in known:
+            state.metadata.remove(claims.ClaimRef(uid=uid, namespace="", name=""))
+            state.log.info("removed claim metadata without a prepared claim", claim_uid=uid)
     # The slices' set ranks start from what the prepared claims hold (the first write is right).
     state.held.reset(
         {

@@ -48,8 +48,10 @@ from dra_driver.devices import holdings
 from dra_driver.driver import (
     cdi,
     checkpoint,
+    claiminfo,
     claims,
     config,
+    devicemeta,
     inventory,
     mpsclaims,
     recovery,
@@ -103,11 +105,13 @@ class ClaimState:
         device_taints: DeviceTaints | None = None,
         mps: mpsclaims.MpsClaims | None = None,
         held_gpus: holdings.HeldGpus | None = None,
+        prepared: claiminfo.PreparedClaims | None = None,
     ) -> None:
         """``device_taints``: a device's taints now; a claim whose request does not tolerate
         one (NoSchedule / NoExecute) is refused, naming the taint and why it is there.
         ``held_gpus`` is told which full GPUs each prepared claim holds (the slices' set ranks
-        follow it): after every prepare, unprepare and rollback, and by :meth:`recover`."""
+        follow it): after every prepare, unprepare and rollback, and by :meth:`recover`;
+        ``prepared`` likewise learns each prepared claim's pods and GPUs (per-claim metrics)."""
         self.api = api
         self.driver_name = driver_name
         self.pool_name = pool_name
@@ -122,6 +126,10 @@ class ClaimState:
         self.device_taints = device_taints
         self.mps = mps
         self.held = held_gpus or holdings.HeldGpus()
+        self.metadata = devicemeta.ClaimMetadata(  # next to the checkpoint (docs/metadata.md)
+            root=store.directory / devicemeta.DIRECTORY, driver_name=driver_name, devices=devices
+        )
+        self.prepared = prepared or claiminfo.PreparedClaims()
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -129,6 +137,17 @@ class ClaimState:
         """Bring disk back to a consistent state after whatever ended the last run
         (:func:`~dra_driver.driver.recovery.recover`)."""
         recovery.recover(self)
+        self.prepared.reset(
+            claiminfo.ClaimInfo(
+                uid=r.uid,
+                namespace=r.namespace,
+                name=r.name,
+                pods=(),
+                gpus=claiminfo.physical_gpus(r, self.devices),
+            )
+            for r in self.store.records()
+            if r.state == checkpoint.PREPARE_COMPLETED
+        )
 
     # ---- prepare / unprepare -------------------------------------------------------------------
 
@@ -157,11 +176,12 @@ class ClaimState:
             )
             planned = self._plan(ref, allocated)
             needs, planned = mpsclaims.plan_claim(self.mps, ref, allocated, planned)
+            planned, meta = self.metadata.plan(ref, claim, planned), self.metadata.mounts(ref)
             wanted = sharing.targets(ref, planned)
             if self.mps is not None:
                 self.mps.check_time_slicing(ref, [t.uuid for t in wanted])
             migs = self.mig.intents(ref, allocated)  # dynamic MIG: specs need the new UUIDs
-            spec = {} if migs else self.specs.build(ref, planned)
+            spec = {} if migs else self.specs.build(ref, planned, mounts=meta)
             self.ownership.reserve(ref, self._owned(allocated))
             try:
                 record = self._record(ref, allocated, planned, spec, migs, needs)
@@ -171,8 +191,9 @@ class ClaimState:
                     self.mps.acquire(ref, needs, time_sliced=set(self.sharing.applied()))
                 planned, made = self.mig.apply(ref, planned, allocated)
                 if made:
-                    spec = self.specs.build(ref, planned)
+                    spec = self.specs.build(ref, planned, mounts=meta)
                     record = self._record(ref, allocated, planned, spec, made, needs)
+                self.metadata.write(record)  # before the spec that mounts it
                 self._write_spec(ref, spec)
                 self.store.put(record)
             except BaseException as exc:
@@ -184,6 +205,7 @@ class ClaimState:
                     ) from exc
                 raise
             self.held.hold(ref.uid, recovery.held_by(record, self.devices))  # never waits
+            self.prepared.record(record, self.devices, claims.reserved_pods(claim))
             # Debug: the driver loop logs one info event per request (result, devices, time).
             clog.debug(
                 "prepared claim",
@@ -227,9 +249,11 @@ class ClaimState:
             self.sharing.release(_ref(record), sharing.recorded_targets(record, self.devices))
             self.mig.release(record)
         self._remove_spec(ref)
+        self.metadata.remove(ref)
         self.store.delete(ref.uid)
         self.ownership.release(ref.uid)
         self.held.release(ref.uid)
+        self.prepared.remove(ref.uid)
         if record is not None and self.mps is not None:
             self.mps.release(record)
 
@@ -247,10 +271,11 @@ class ClaimState:
                 self.mig.release(record)
             except mig_mod.MigError as exc:
                 problems.append(str(exc))
-        try:
-            self._remove_spec(ref)
-        except FileProblem as exc:
-            problems.append(str(exc))
+        for remove in (self._remove_spec, self.metadata.remove):
+            try:
+                remove(ref)
+            except claims.ClaimError as exc:  # FileProblem, MetadataError
+                problems.append(str(exc))
         try:
             self.store.delete(ref.uid)
         except checkpoint.CheckpointError as exc:

@@ -101,3 +101,84 @@ def test_asking_an_agent_that_is_not_running_fails_clearly(tmp_path: Path) -> No
     proc = run("--fake", "pcie-l4", "--kubelet-plugins-dir", str(tmp_path))
     assert proc.returncode == 1
     assert "no node agent health socket" in proc.stderr
+
+
+def test_claims_lists_the_prepared_claims_of_the_checkpoint_with_their_gpus(
+    tmp_path: Path,
+) -> None:
+    from dra_driver.devices import fake
+
+    gpus = {g.name: g for g in fake.FakeBackend.from_name("dgx-h100").discover().gpus}
+    claims_dir = tmp_path / "plugins" / "gpu.nvidia.com" / "claims"
+    claims_dir.mkdir(parents=True)
+    uid = "3f1c2d4e-0000-4000-8000-000000000001"
+    record = {
+        "version": 1,
+        "uid": uid,
+        "namespace": "ml",
+        "name": "train",
+        "state": "PrepareCompleted",
+        "bootId": "b",
+        "devices": [
+            {
+                "requestNames": ["gpu"],
+                "poolName": "n1",
+                "deviceName": name,
+                "cdiDeviceIds": [f"k8s.gpu.nvidia.com/claim={uid}-{name}"],
+            }
+            for name in ("gpu-1", "gpu-5")
+        ],
+        "cdiSpec": {},
+    }
+    (claims_dir / f"{uid}.json").write_text(json.dumps(record))
+    (claims_dir / ".spare-ab-1").write_text("")  # spare files and junk are skipped
+    (claims_dir / "junk.json").write_text("{")
+    args = ("--fake", "dgx-h100", "--kubelet-plugins-dir", str(tmp_path / "plugins"), "--claims")
+    proc = run(*args, "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc == {
+        "claims": [
+            {
+                "namespace": "ml",
+                "name": "train",
+                "uid": uid,
+                "state": "PrepareCompleted",
+                "devices": [
+                    {
+                        "device": name,
+                        "requests": ["gpu"],
+                        "gpus": [
+                            {"uuid": gpus[name].uuid, "minor": gpus[name].minor, "mig_uuid": ""}
+                        ],
+                    }
+                    for name in ("gpu-1", "gpu-5")
+                ],
+            }
+        ]
+    }
+    table = run(*args)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == [
+        "CLAIM",
+        "UID",
+        "STATE",
+        "DEVICE",
+        "GPU",
+        "UUID",
+        "MINOR",
+        "MIG",
+        "UUID",
+    ]
+    assert lines[1].split()[:6] == [
+        "ml/train",
+        uid,
+        "PrepareCompleted",
+        "gpu-1",
+        gpus["gpu-1"].uuid,
+        "1",
+    ]
+    missing = run("--fake", "dgx-h100", "--kubelet-plugins-dir", str(tmp_path / "none"), "--claims")
+    assert missing.returncode == 1
+    assert "no checkpoint at" in missing.stderr

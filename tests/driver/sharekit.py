@@ -120,11 +120,15 @@ def spec_env(node: Node, claim_uid: str, device: str) -> dict[str, str]:
 
 
 def spec_mounts(node: Node, claim_uid: str, device: str) -> dict[str, str]:
-    """containerPath → hostPath of the device's own mounts."""
+    """containerPath → hostPath of the device's own mounts (not its KEP-5304 metadata file)."""
     spec = json.loads((node.cdi_root / f"k8s.gpu.nvidia.com-claim_{claim_uid}.json").read_text())
     for dev in spec["devices"]:
         if dev["name"].endswith(f"-{device}"):
             return {
-                m["containerPath"]: m["hostPath"] for m in dev["containerEdits"].get("mounts", [])
+                m["containerPath"]: m["hostPath"]
+                for m in dev["containerEdits"].get("mounts", [])
+                if not m["containerPath"].startswith(
+                    "/var/run/kubernetes.io/dra-device-attributes/"
+                )
             }
     return {}

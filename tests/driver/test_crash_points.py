@@ -60,6 +60,18 @@ def _check_consistent(node: Node) -> None:
         assert json.loads(spec.read_text()) == rec["cdiSpec"]
     if node.cdi_root.exists():
         assert not [p for p in node.cdi_root.iterdir() if p.name.startswith(".")]
+    # Metadata files (docs/metadata.md): exactly the prepared claims', complete, no temporaries.
+    meta = node.settings.plugin_dir / "claim-metadata"
+    assert ({p.name for p in meta.iterdir()} if meta.exists() else set()) == set(records)
+    for uid, rec in records.items():
+        files = sorted(str(p.relative_to(meta / uid)) for p in (meta / uid).rglob("*.json"))
+        assert files == ["claim.json", "requests/gpu/metadata.json"]
+        assert not [p for p in (meta / uid).rglob(".*")]
+        claim_file = json.loads((meta / uid / "claim.json").read_text())
+        assert claim_file["claim"]["uid"] == uid
+        assert [d["name"] for d in claim_file["devices"]] == [
+            d["deviceName"] for d in rec["devices"]
+        ]
     # Recycled record files (spares) are expected there; nothing else that is hidden.
     hidden = [p for p in node.claims_dir.iterdir() if p.name.startswith(".")]
     assert not [p for p in hidden if not p.name.startswith(checkpoint.SPARE_PREFIX)]
@@ -91,10 +103,10 @@ def test_a_crash_between_any_two_disk_effects_recovers(node: Node, scenario: str
         crash_at += 1
     assert code == 0
     # Every window was hit: per claim, prepare = pwrite + rename (Started record, written into a
-    # spare or new file and renamed into place), link (spec), pwrite + fsync + directory fsync
-    # (Completed: the state flipped in place); unprepare = rename (the record becomes a spare) +
-    # unlink (spec).
-    assert crash_at == (12 if scenario == "prepare" else 4)
+    # spare or new file and renamed into place), 2 renames (metadata files), rename (spec),
+    # pwrite + fsync + directory fsync (Completed: the state flipped in place); unprepare =
+    # unlink (spec) + 2 unlinks (metadata files) + rename (the record becomes a spare).
+    assert crash_at == (16 if scenario == "prepare" else 8)
     node.restart()
     _check_consistent(node)
     assert len(node.spec_files()) == (2 if scenario == "prepare" else 0)

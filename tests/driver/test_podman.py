@@ -13,6 +13,7 @@ temp CDI directory is bind-mounted over /var/run/cdi; the host's directory is no
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -145,6 +146,27 @@ def test_container_gets_env_device_nodes_and_driver_mounts(podman: list[str], no
     # Only the devices asked for: one CDI device of the claim gives one GPU node.
     out = run_with_cdi(podman, node.cdi_root, ids[1:], "ls /dev/ | grep '^nvidia[0-9]'")
     assert out.split() == ["nvidia1"]
+
+    # The claim's metadata files (docs/metadata.md), read-only: ours and KEP-5304's.
+    ours = f"/var/run/nvidia-dra/claims/{ref.uid}.json"
+    kep = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/pm/gpu"
+    out = run_with_cdi(
+        podman,
+        node.cdi_root,
+        ids,
+        f"cat {ours}; echo ---; cat {kep}/gpu.nvidia.com-metadata.json; echo ---; "
+        f"grep -E '{ours}|{kep}' /proc/mounts; echo ---; echo x > {ours} || echo read-only",
+    )
+    claim_part, kep_part, mount_part, write_part = out.split("---\n")
+    claim = json.loads(claim_part)
+    assert claim["claim"] == {"namespace": "default", "name": "pm", "uid": ref.uid}
+    assert [g["uuid"] for d in claim["devices"] for g in d["gpus"]] == uuids
+    assert claim["nvlinks"] == [{"minors": [0, 1], "uuids": uuids, "links": 18}]
+    kep_devices = json.loads(kep_part)["requests"][0]["devices"]
+    assert [d["attributes"]["uuid"]["string"] for d in kep_devices] == uuids
+    mounts = [line.split() for line in mount_part.splitlines()]
+    assert len(mounts) == 2 and all("ro" in m[3].split(",") for m in mounts), mounts
+    assert write_part.strip().endswith("read-only")
     assert node.driver.unprepare([ref]) == {ref.uid: ""}
 
 
