@@ -43,7 +43,7 @@ from dra_driver.driver import checkpoint, claims, inventory
 from dra_driver.kube import api as kube
 
 MAX_DATA = 10 * 1024  # bytes of ``data`` the server takes
-RESULTS = ("success", "failure", "gone", "abandoned")
+RESULTS = ("success", "failure", "gone", "abandoned", "dropped")
 _COUNTERS: weakref.WeakKeyDictionary[prom.CollectorRegistry, prom.Counter] = (
     weakref.WeakKeyDictionary()
 )
@@ -151,7 +151,8 @@ def writes_counter(metrics: metrics_mod.DriverMetrics) -> prom.Counter:
                 "claim_status_writes",
                 "Writes of ResourceClaim status.devices by result: success, failure (a refused "
                 "or failed attempt; retried), gone (the claim no longer exists), abandoned "
-                "(retries exhausted).",
+                "(retries exhausted), dropped (the API server stored the claim without it: "
+                "feature gate DRAResourceClaimDeviceStatus off).",
                 ["result"],
                 namespace=metrics_mod.NAMESPACE,
                 registry=metrics.registry,
@@ -201,6 +202,7 @@ class StatusWriter:
         self._clock = clock
         self._jobs: dict[str, _Job] = {}
         self._last: dict[str, dict[str, Any]] = {}  # claim UID → the patch last applied
+        self._dropped_said = False  # the server drops status.devices: said once
         self._since: dict[str, str] = {}  # claim UID → when we first reported it Ready
         self._cond = threading.Condition()
         self._stopped = False
@@ -288,7 +290,9 @@ class StatusWriter:
         if self._last.get(ref.uid) == patch:
             return True  # written already (a kubelet retry of a prepared claim)
         try:
-            self.api.apply_resource_claim_status(ref.namespace, ref.name, patch, self.field_manager)
+            stored = self.api.apply_resource_claim_status(
+                ref.namespace, ref.name, patch, self.field_manager
+            )
         except kube.ApiError as exc:
             if isinstance(exc, kube.NotFound) or (
                 isinstance(exc, kube.Conflict) and "UID" in str(exc)
@@ -311,6 +315,18 @@ class StatusWriter:
             self.counter.labels(result="failure").inc()
             clog.exception("writing the claim's device status failed unexpectedly", error=str(exc))
             return False
+        if entries and not (stored.get("status") or {}).get("devices"):
+            # A server with DRAResourceClaimDeviceStatus off stores the claim without it (201).
+            self.counter.labels(result="dropped").inc()
+            if not self._dropped_said:
+                self._dropped_said = True
+                clog.warning(
+                    "API server did not keep the claim's device status (feature gate "
+                    "DRAResourceClaimDeviceStatus off?); prepared claims are not reported there",
+                    devices=len(entries),
+                )
+            self._last[ref.uid] = patch
+            return True
         self.counter.labels(result="success").inc()
         if entries:
             self._last[ref.uid] = patch

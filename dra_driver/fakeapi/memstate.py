@@ -124,8 +124,11 @@ class ClusterState:
         self, namespace: str, name: str, patch: Obj, field_manager: str, *, force: bool = True
     ) -> Obj:
         """Server-side apply of ``status.devices`` by ``field_manager`` (:mod:`.claimstatus`:
-        validation and per-manager ownership of the entries); a change bumps resourceVersion."""
+        validation and per-manager ownership of the entries); a change bumps resourceVersion.
+        With DRAResourceClaimDeviceStatus off the entries are dropped, as the real server does."""
         method = "apply_resource_claim_status"
+        if "DRAResourceClaimDeviceStatus" in self.disabled_gates:
+            patch = {**patch, "status": {**(patch.get("status") or {}), "devices": []}}
         with self._lock:
             self._enter(method, name)
             key = (namespace, name)

@@ -237,3 +237,24 @@ def test_a_refused_status_write_leaves_the_claim_prepared_and_is_retried(
         kubelet.close()
     finally:
         proc.kill()
+
+
+def test_a_server_that_drops_device_status_is_said_once_and_the_claim_stays_prepared(
+    short_dir: Path,
+) -> None:
+    """DRAResourceClaimDeviceStatus off: the server answers the apply but keeps no entries."""
+    server = fakeserver.FakeApiServer(disabled_gates=frozenset({"DRAResourceClaimDeviceStatus"}))
+    server.start()
+    proc, kubelet = start(short_dir, server)
+    try:
+        refs = [put_claim(server, f"c{i}", [f"gpu-{i}"]) for i in range(2)]
+        answers = kubelet.prepare(refs).claims
+        assert all(answers[r.uid].error == "" for r in refs)
+        wait_for(lambda: metric(proc, "dropped") == 2.0)
+        assert all(entries(server, r) == [] for r in refs)
+        assert metric(proc, "success") == 0.0
+        assert proc.log().count("did not keep the claim's device status") == 1
+        kubelet.close()
+    finally:
+        proc.kill()
+        server.stop()
