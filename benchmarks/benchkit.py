@@ -99,8 +99,8 @@ def make_node(base: Path, gpus: int = GPUS) -> Path:
 
 def serve_api(argv: list[str]) -> int:
     """Subprocess mode: ``CLAIMS KUBECONFIG DELAY_MS IDLE_S TLS_DIR|-``."""
-    from dra_driver.fakeapi import certs, fakeserver, memory
     from dra_driver.kube import api
+    from dra_driver.testing.fakeapi import certs, fakeserver, memory
 
     claims_file, kubeconfig, delay, idle, tls_dir = argv
     delay_ms, idle_s = float(delay), float(idle)
@@ -158,7 +158,7 @@ class Api:
         tls_dir = "-"
         context = None
         if tls:
-            from dra_driver.fakeapi import certs
+            from dra_driver.testing.fakeapi import certs
 
             bundle = certs.make_bundle(client_name=f"system:node:{NODE}")
             d = base / f"tls-{name}"

@@ -4,8 +4,8 @@ Why it exists: the defects of issue 16 were found by running the node agent thro
 hundreds of SIGKILLs at random points, corrupted checkpoint files, thousands of odd gRPC calls,
 concurrent duplicate and contested calls, API errors and outages through a fault-injecting
 proxy, kubelet restarts under the device plugin, and two agents of one node handing over the
-publishing. This runs all of it (:mod:`dra_driver.faultsuite`), bounded in time, and prints one
-table: per scenario the trials, failures, leaked specs, lost claims, crashes and hangs (and the
+publishing. This runs all of it (:mod:`dra_driver.testing.faultsuite`), bounded in time, and prints
+one table: per scenario the trials, failures, leaked specs, lost claims, crashes and hangs (and the
 notes of failed trials). The last line is ``faults: N trials, F failures``; the exit code is 1
 when F > 0.
 
@@ -27,8 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dra_driver import faultsuite, logs  # noqa: E402
-from dra_driver.faultsuite import (  # noqa: E402
+from dra_driver import logs  # noqa: E402
+from dra_driver.testing import faultsuite  # noqa: E402
+from dra_driver.testing.faultsuite import (  # noqa: E402
     apifaults,
     contention,
     corrupt,

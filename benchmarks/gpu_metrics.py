@@ -27,7 +27,7 @@ from benchkit import pct
 from dra_driver import app, gpumetrics, health_server, logs, metrics
 from dra_driver.devices import fake
 from dra_driver.driver import claims as claims_mod
-from dra_driver.fakeapi import memory
+from dra_driver.testing.fakeapi import memory
 
 NODE, DRIVER, PROFILE = "n1", "gpu.nvidia.com", "dgx-h100"
 

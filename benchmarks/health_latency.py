@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dra_driver import healthcontrol  # noqa: E402
-from dra_driver.fakeapi import fakeserver, memory  # noqa: E402
-from dra_driver.kubelet import sim  # noqa: E402
+from dra_driver.testing import kubeletsim as sim  # noqa: E402
+from dra_driver.testing.fakeapi import fakeserver, memory  # noqa: E402
 
 KINDS: dict[str, dict[str, Any]] = {
     "XID 79 (reboot)": {"event": "xid", "xid": 79},

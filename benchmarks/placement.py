@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.allocation import allocator, claimgen, placement, simulator
-from dra_driver.devices import fake, model, profiles, topology
+from dra_driver.devices import fake, model, topology
+from dra_driver.devices.fake import profiles
 from dra_driver.slices import build
 
 NODE = "bench-node"

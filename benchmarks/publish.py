@@ -32,9 +32,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dra_driver import logs  # noqa: E402
-from dra_driver.devices import fake, model, profiles  # noqa: E402
-from dra_driver.fakeapi import memory  # noqa: E402
+from dra_driver.devices import fake, model  # noqa: E402
+from dra_driver.devices.fake import profiles  # noqa: E402
 from dra_driver.slices import build, publisher  # noqa: E402
+from dra_driver.testing.fakeapi import memory  # noqa: E402
 
 DRIVER = "gpu.nvidia.com"
 NODE = "bench-node"

@@ -21,7 +21,8 @@ import structlog
 
 from dra_driver import healthcontrol, logs
 from dra_driver import metrics as metrics_mod
-from dra_driver.devices import fakenvml, health, healthpolicy, healthtracker, model, watcher
+from dra_driver.devices import health, healthpolicy, healthtracker, model, watcher
+from dra_driver.devices.fake import fakenvml
 
 # What ``fake-event`` can do to a fake GPU (the "event" of an inject request).
 FAKE_EVENTS = (

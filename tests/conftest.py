@@ -13,7 +13,7 @@ import logcheck
 import pytest
 import refdata
 
-from dra_driver.fakeapi import memory
+from dra_driver.testing.fakeapi import memory
 
 REPO_ROOT = refdata.REPO_ROOT
 REFERENCE = refdata.REFERENCE

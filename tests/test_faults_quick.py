@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dra_driver import faultsuite
+from dra_driver.testing import faultsuite
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from dra_driver.devices import backend, fake, migprofiles, profiles
+from dra_driver.devices import backend, fake, migprofiles
+from dra_driver.devices.fake import profiles
 from dra_driver.slices import shares
 
 AUTO = "auto"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from dra_driver import cli, demo
 from dra_driver.cli import common, env_default
-from dra_driver.devices import fake, profiles
+from dra_driver.devices import fake
+from dra_driver.devices.fake import profiles
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

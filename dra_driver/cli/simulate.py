@@ -23,7 +23,8 @@ from pathlib import Path
 from dra_driver import cli
 from dra_driver.allocation import capacity, simulator
 from dra_driver.cli import common
-from dra_driver.devices import backend, model, profiles
+from dra_driver.devices import backend, model
+from dra_driver.devices.fake import profiles
 from dra_driver.slices import build as slices_build
 
 

@@ -3,8 +3,8 @@
 Why it exists: it is the project's main job on a machine with no cluster and no GPU. Nothing in
 it is mocked beyond what cannot run here: the GPUs come from a fake profile through the same
 NVML code path as real ones, the Kubernetes API is the in-memory API server behind real HTTP on
-loopback, and the kubelet is :mod:`dra_driver.kubelet.sim` talking gRPC over the plugin's real
-unix sockets. The node agent runs as its own process, exactly as in the DaemonSet.
+loopback, and the kubelet is :mod:`dra_driver.testing.kubeletsim` talking gRPC over the plugin's
+real unix sockets. The node agent runs as its own process, exactly as in the DaemonSet.
 
 The walk-through is a list of scenes (:data:`SCENES`), each in its own module with its own demo
 node (:mod:`dra_driver.demo.rig`): the core scene runs on the chosen profile; other scenes pick

@@ -27,7 +27,7 @@ from dra_driver.demo import report as reporting
 from dra_driver.demo import rig as rigging
 from dra_driver.devices import fake
 from dra_driver.driver import claims
-from dra_driver.kubelet import sim
+from dra_driver.testing import kubeletsim as sim
 
 PROFILE = "dgx-h100"
 HOLD_S = 3.0

@@ -21,9 +21,9 @@ import yaml
 
 from dra_driver.demo import report as reporting
 from dra_driver.devices import fake
-from dra_driver.fakeapi import fakeserver, memory
 from dra_driver.kube import api as kube
-from dra_driver.kubelet import sim
+from dra_driver.testing import kubeletsim as sim
+from dra_driver.testing.fakeapi import fakeserver, memory
 
 NAMESPACE = "demo"
 

@@ -20,9 +20,10 @@ import yaml
 from dra_driver.allocation import allocator, capacity, simulator
 from dra_driver.demo import report as reporting
 from dra_driver.demo import rig as rigging
-from dra_driver.devices import fake, profiles
+from dra_driver.devices import fake
+from dra_driver.devices.fake import profiles
 from dra_driver.driver import claims
-from dra_driver.kubelet import sim
+from dra_driver.testing import kubeletsim as sim
 
 ONE_H100 = """\
 name: one-h100

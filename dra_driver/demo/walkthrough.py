@@ -24,8 +24,8 @@ from dra_driver.demo import report as reporting
 from dra_driver.demo import rig as rigging
 from dra_driver.devices import fake, model, topology
 from dra_driver.driver import claims
-from dra_driver.fakeapi import memory
-from dra_driver.kubelet import sim
+from dra_driver.testing import kubeletsim as sim
+from dra_driver.testing.fakeapi import memory
 
 # The shipped examples in two waves of pods: the first wave's pods finish (their claims are
 # unprepared and deleted) before the second wave arrives, as on a busy node.

@@ -3,7 +3,7 @@
 Why it exists: dynamic MIG turns an allocated placement into a real MIG device at prepare time
 and takes it away at unprepare (and after a crash). This is the one seam between the driver core
 and the card for that (:class:`MigControl`); :class:`NvmlMigControl` implements it over an
-injected NVML module — pynvml on a node, the stand-in (:mod:`dra_driver.devices.fakemig`) with
+injected NVML module — pynvml on a node, the stand-in (:mod:`dra_driver.devices.fake.fakemig`) with
 ``--fake`` — so fake and real GPUs run the same calls:
 
 * create: the GPU instance at exactly the allocated placement

@@ -25,7 +25,8 @@ from typing import Literal
 
 import pydantic
 
-from dra_driver.devices import migtables, nvml, profiles
+from dra_driver.devices import migtables, nvml
+from dra_driver.devices.fake import profiles
 
 _MODEL = pydantic.ConfigDict(extra="forbid")
 _GI_SLOT_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}  # NVML_GPU_INSTANCE_PROFILE_*

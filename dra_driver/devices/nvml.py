@@ -4,7 +4,7 @@ NVML's quirks live here and nowhere else: calls a GPU does not support degrade t
 GPU that fails while being read is skipped with a warning, and only a missing library or driver
 stops discovery (one operator-facing :class:`~dra_driver.devices.backend.DiscoveryError`).
 The NVML module is *injected*: :class:`PynvmlBackend` takes any object offering pynvml's
-functions, so the fake backend runs this very code over :mod:`dra_driver.devices.fakenvml`
+functions, so the fake backend runs this very code over :mod:`dra_driver.devices.fake.fakenvml`
 (one code path for real and fake hardware). Constants, struct types and the real exception
 classes are re-exported below so that stand-in never imports pynvml itself.
 """

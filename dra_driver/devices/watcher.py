@@ -10,7 +10,7 @@ GPU answers at all (``NVML_ERROR_GPU_IS_LOST`` from any call marks it lost). Wha
 classified by :mod:`.healthpolicy`, into the :class:`~.healthtracker.Tracker`.
 
 The NVML module is injected like everywhere else (:mod:`dra_driver.devices.nvml`): the real
-pynvml on a GPU node, :class:`~dra_driver.devices.fakenvml.FakeNvml` on fake nodes, whose
+pynvml on a GPU node, :class:`~dra_driver.devices.fake.fakenvml.FakeNvml` on fake nodes, whose
 injected failures arrive through these very calls. Events of GPUs or MIG devices we do not
 publish are ignored; an event addressed to a MIG device (GPU and compute instance ids set) only
 concerns that device, one for the whole GPU concerns its MIG devices too (they inherit it).

@@ -28,7 +28,7 @@ under a file lock, and the caller decides "still wanted?" from the claim checkpo
 under that lock (:meth:`MpsDaemons.release`).
 
 The program is a command prefix: the real ``nvidia-cuda-mps-control`` under the driver root, or
-on fake nodes the stand-in :mod:`dra_driver.devices.fakemps`, which speaks the same commands.
+on fake nodes the stand-in :mod:`dra_driver.devices.fake.fakemps`, which speaks the same commands.
 """
 
 from __future__ import annotations

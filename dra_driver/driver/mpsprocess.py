@@ -6,7 +6,7 @@ the agent, a marker in its environment), recognised again after an agent restart
 kernel's start time, so a reused pid never passes for it), asked to ``quit`` through the control
 client, and, if it does not, ended with SIGTERM and SIGKILL. The program is a command prefix
 (:func:`program`): the real ``nvidia-cuda-mps-control`` or the stand-in
-:mod:`dra_driver.devices.fakemps`. :class:`Supervisor` runs the periodic housekeeping.
+:mod:`dra_driver.devices.fake.fakemps`. :class:`Supervisor` runs the periodic housekeeping.
 """
 
 from __future__ import annotations
@@ -133,11 +133,11 @@ def program(
     *, fake: bool, files: Sequence[driverfiles.Mount], driver_root_is_slash: bool
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """(command, extra environment) of the MPS control program: the stand-in
-    :mod:`dra_driver.devices.fakemps` on fake nodes, else ``nvidia-cuda-mps-control`` from the
+    :mod:`dra_driver.devices.fake.fakemps` on fake nodes, else ``nvidia-cuda-mps-control`` from the
     driver root (none found: an empty command, and starting a daemon says so), with the driver
     root's libraries when that root is not ``/``."""
     if fake:
-        return (sys.executable, "-m", "dra_driver.devices.fakemps"), {}
+        return (sys.executable, "-m", "dra_driver.devices.fake.fakemps"), {}
     found = {Path(m.container_path).name: Path(m.local_path or m.host_path) for m in files}
     binary = found.get("nvidia-cuda-mps-control")
     env: dict[str, str] = {}

@@ -3,7 +3,7 @@
 Objects cross it as plain JSON-shaped dicts (``resource.k8s.io/v1`` field names), so the driver
 core never imports the ``kubernetes`` client. Two implementations: the real adapter
 (:mod:`dra_driver.kube.client`, the only importer of the client library) and the in-memory API
-(:mod:`dra_driver.fakeapi.memory`) that tests and the demo use.
+(:mod:`dra_driver.testing.fakeapi.memory`) that tests and the demo use.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ import pytest
 
 from dra_driver.allocation import allocator, claimgen, simulator
 from dra_driver.apimachinery import quantity as qty
-from dra_driver.devices import fake, fakenvml, migprofiles, model, nvml, profiles
+from dra_driver.devices import fake, migprofiles, model, nvml
+from dra_driver.devices.fake import fakenvml, profiles
 
 DRIVER = "gpu.nvidia.com"
 ALL = migprofiles.DynamicMig.parse("all")

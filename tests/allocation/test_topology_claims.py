@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from dra_driver.allocation import allocator, capacity, claimgen, simulator
-from dra_driver.devices import fake, gpusets, model, profiles, topology
+from dra_driver.devices import fake, gpusets, model, topology
+from dra_driver.devices.fake import profiles
 from dra_driver.slices import build
 
 NODE = "node-1"

@@ -37,7 +37,7 @@ def test_node_agent_does_not_import_the_local_tools() -> None:
     for heavy in (
         "dra_driver.demo",
         "dra_driver.allocation.simulator",
-        "dra_driver.fakeapi.memory",
+        "dra_driver.testing.fakeapi.memory",
         "dra_driver.cli.demo",
         "dra_driver.cli.device_plugin",
     ):

@@ -22,9 +22,9 @@ import pytest
 
 from dra_driver import healthcontrol
 from dra_driver.devices import fake
-from dra_driver.fakeapi import fakeserver, memory
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+from dra_driver.testing.fakeapi import fakeserver, memory
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]  # the run_cli fixture (conftest)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dra_driver.cli import doctor
-from dra_driver.fakeapi import fakeserver
+from dra_driver.testing.fakeapi import fakeserver
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]  # the run_cli fixture (conftest)
 

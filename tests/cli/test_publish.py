@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.fakeapi import fakeserver
+from dra_driver.testing.fakeapi import fakeserver
 
 
 @pytest.fixture

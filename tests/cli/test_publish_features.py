@@ -12,7 +12,7 @@ import pytest
 
 from dra_driver import cli
 from dra_driver.cli import common, kubelet_plugin
-from dra_driver.fakeapi import fakeserver
+from dra_driver.testing.fakeapi import fakeserver
 
 
 def run(

@@ -140,7 +140,7 @@ def test_slices_flag_and_node_choice(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_fake_file_and_class_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    profile = REPO / "dra_driver" / "devices" / "profiles" / "h100-nvl-pairs.yaml"
+    profile = REPO / "dra_driver" / "devices" / "fake" / "profiles" / "h100-nvl-pairs.yaml"
     cls = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",

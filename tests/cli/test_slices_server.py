@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.fakeapi import fakeserver
+from dra_driver.testing.fakeapi import fakeserver
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 

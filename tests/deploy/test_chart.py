@@ -14,7 +14,7 @@ from cel_expr_python import cel
 from cel_expr_python.ext import ext_optional
 from google.protobuf import descriptor_pool
 
-from dra_driver.devices import profiles
+from dra_driver.devices.fake import profiles
 
 CHART = Path(__file__).resolve().parents[2] / "deployments" / "helm" / "dra-driver"
 CI_SETS = sorted(p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml"))

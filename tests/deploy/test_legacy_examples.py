@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from dra_driver.allocation import simulator
-from dra_driver.devices import fake, profiles
+from dra_driver.devices import fake
+from dra_driver.devices.fake import profiles
 from dra_driver.nodelabels import compute
 
 LEGACY = Path(__file__).resolve().parents[2] / "deployments" / "examples" / "legacy"

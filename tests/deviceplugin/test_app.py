@@ -194,7 +194,7 @@ def test_real_gpus_are_controlled_through_nvml_and_fake_ones_through_a_state_fil
     fake_daemons = _app(plugin_dir, None, fake_node="/dev/null", mps_dir=plugin_dir / "mps").daemons
     assert isinstance(fake_daemons.gpu_control, control.FakeGpuControl)
     assert fake_daemons.processes.isolate_shm is False
-    assert fake_daemons.processes.command[1:] == ("-m", "dra_driver.devices.fakemps")
+    assert fake_daemons.processes.command[1:] == ("-m", "dra_driver.devices.fake.fakemps")
 
 
 def test_mps_problems_at_start_are_logged_and_do_not_stop_the_plugin(

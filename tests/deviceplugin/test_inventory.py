@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dra_driver.deviceplugin import inventory
-from dra_driver.devices import fake, model, profiles
+from dra_driver.devices import fake, model
+from dra_driver.devices.fake import profiles
 
 MigStrategy = inventory.MigStrategy
 

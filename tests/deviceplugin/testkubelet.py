@@ -1,6 +1,6 @@
-"""The device-plugin tests' kubelet: :mod:`dra_driver.deviceplugin.kubeletsim` (the fault suite
+"""The device-plugin tests' kubelet: :mod:`dra_driver.testing.dpkubeletsim` (the fault suite
 drives it too)."""
 
-from dra_driver.deviceplugin.kubeletsim import FakeKubelet
+from dra_driver.testing.dpkubeletsim import FakeKubelet
 
 __all__ = ["FakeKubelet"]

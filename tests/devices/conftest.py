@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.devices import fakenvml, model, nvml, profiles
+from dra_driver.devices import model, nvml
+from dra_driver.devices.fake import fakenvml, profiles
 
 Discover = Callable[..., model.NodeDevices]
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.devices import fake, model, profiles
+from dra_driver.devices import fake, model
+from dra_driver.devices.fake import profiles
 
 RECORDED = Path(__file__).parent / "data" / "direct"
 LATER = {"h100-mig"}  # profiles added after the direct conversion was gone
@@ -58,7 +59,7 @@ def test_nvml_path_equals_the_recorded_direct_conversion(name: str) -> None:
 
 
 def test_from_file_and_profile(tmp_path: Path) -> None:
-    text = (RECORDED.parents[3] / "dra_driver/devices/profiles/pcie-l4.yaml").read_text()
+    text = (RECORDED.parents[3] / "dra_driver/devices/fake/profiles/pcie-l4.yaml").read_text()
     path = tmp_path / "l4.yaml"
     path.write_text(text.replace("numaNode: 1", "numaNode: 0"))
     backend = fake.FakeBackend.from_file(path)

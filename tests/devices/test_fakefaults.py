@@ -8,7 +8,8 @@ import threading
 import pynvml
 import pytest
 
-from dra_driver.devices import fakenvml, healthpolicy, nvml, profiles
+from dra_driver.devices import healthpolicy, nvml
+from dra_driver.devices.fake import fakenvml, profiles
 
 
 @pytest.fixture

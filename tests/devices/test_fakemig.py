@@ -10,7 +10,8 @@ from typing import Any
 import pynvml  # only to pin the stand-in's types and values to the binding
 import pytest
 
-from dra_driver.devices import fake, fakenvml, migcontrol, migprofiles, model, nvml, profiles
+from dra_driver.devices import fake, migcontrol, migprofiles, model, nvml
+from dra_driver.devices.fake import fakenvml, profiles
 from dra_driver.slices import migslices
 
 H100 = [

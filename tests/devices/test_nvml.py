@@ -10,7 +10,8 @@ import pynvml  # only to pin our tables to the binding's constants
 import pytest
 from structlog.testing import capture_logs
 
-from dra_driver.devices import backend, fakenvml, model, nvml, profiles, topology
+from dra_driver.devices import backend, model, nvml, topology
+from dra_driver.devices.fake import fakenvml, profiles
 
 Discover = Callable[..., model.NodeDevices]  # the `discover` fixture (conftest.py)
 

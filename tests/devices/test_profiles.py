@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.devices import profiles
+from dra_driver.devices.fake import profiles
 
 REQUIRED = {"dgx-h100", "dgx-1-v100", "h100-nvl-pairs", "pcie-l4", "a100-mig", "gb200-nvl"}
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dra_driver.devices import fakenvml, nvml, profiles, sysfs
+from dra_driver.devices import nvml, sysfs
+from dra_driver.devices.fake import fakenvml, profiles
 
 
 def make_sys(root: Path, bus_id: str, chain: list[str], numa: str | None) -> None:

@@ -19,7 +19,7 @@ from dra_driver import app, logs
 from dra_driver.devices import fake
 from dra_driver.driver import claims
 from dra_driver.driver import driver as driver_mod
-from dra_driver.fakeapi import memory
+from dra_driver.testing.fakeapi import memory
 
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"

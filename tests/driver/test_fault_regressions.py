@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from dra_driver import app, faultinject, logs
+from dra_driver import app, logs
 from dra_driver.devices import control, fake
 from dra_driver.driver import claims
 from dra_driver.driver import driver as driver_mod
+from dra_driver.testing import faultinject
 
 from .conftest import Node, claim_obj, gpu_config, new_uid, opaque
 

@@ -13,7 +13,8 @@ import prometheus_client as prom
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver import gpumetrics, health_server
-from dra_driver.devices import fake, profiles
+from dra_driver.devices import fake
+from dra_driver.devices.fake import profiles
 
 from .conftest import Node, claim_obj, new_uid
 

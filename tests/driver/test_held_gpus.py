@@ -16,8 +16,8 @@ import pytest
 from dra_driver import app, logs
 from dra_driver.devices import fake, health, holdings
 from dra_driver.driver import checkpoint, inventory, recovery
-from dra_driver.fakeapi import memory
 from dra_driver.slices import build, nodepublisher
+from dra_driver.testing.fakeapi import memory
 
 from .conftest import DRIVER, NODE, Node, claim_obj, new_uid
 

@@ -176,7 +176,7 @@ def test_ending_gives_up_after_sigkill_grace(
 
 def test_the_program_is_the_stand_in_on_fake_nodes_else_the_driver_roots() -> None:
     assert mpsprocess.program(fake=True, files=(), driver_root_is_slash=False) == (
-        (sys.executable, "-m", "dra_driver.devices.fakemps"),
+        (sys.executable, "-m", "dra_driver.devices.fake.fakemps"),
         {},
     )
     control = driverfiles.Mount(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.fakeapi import admission
+from dra_driver.testing.fakeapi import admission
 
 Obj = dict[str, Any]
 

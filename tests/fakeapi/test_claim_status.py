@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from dra_driver.fakeapi import fakeserver, memory
 from dra_driver.kube import api
 from dra_driver.kube.client import KubeClient
+from dra_driver.testing.fakeapi import fakeserver, memory
 
 UID = "0d7d8e8a-7bb8-4b0c-9f3b-2c1a6a3f0001"
 SHARE = "5b3c3f5e-2a53-4f0e-8a1a-3c6f1f0c9a11"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.fakeapi import discovery, fakeserver
+from dra_driver.testing.fakeapi import discovery, fakeserver
 
 Obj = dict[str, Any]
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

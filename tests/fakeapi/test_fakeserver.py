@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_driver.fakeapi import fakeserver
 from dra_driver.kube import client
+from dra_driver.testing.fakeapi import fakeserver
 
 
 def test_status_bodies_for_unknown_paths_and_methods() -> None:
@@ -43,7 +43,7 @@ def test_runs_as_a_subprocess_and_stops_on_sigterm(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "dra_driver.fakeapi.fakeserver",
+            "dra_driver.testing.fakeapi.fakeserver",
             "--kubeconfig",
             str(kubeconfig),
             "--node",

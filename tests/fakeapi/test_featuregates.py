@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import refdata
 
-from dra_driver.fakeapi import fakeserver, featuregates, memory
 from dra_driver.kube import api
+from dra_driver.testing.fakeapi import fakeserver, featuregates, memory
 
 Obj = dict[str, Any]
 GATES_OFF = ("apiserver-verdicts", "gates-off")

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.fakeapi import memory
 from dra_driver.kube import api
+from dra_driver.testing.fakeapi import memory
 
 SliceFactory = Callable[..., dict[str, Any]]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.fakeapi import fakeserver, memory
 from dra_driver.kube import api, client
+from dra_driver.testing.fakeapi import fakeserver, memory
 
 SliceFactory = Callable[..., dict[str, Any]]
 

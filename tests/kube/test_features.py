@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from dra_driver.apimachinery import names
-from dra_driver.fakeapi import fakeserver
 from dra_driver.kube import client, features
 from dra_driver.slices import validate
+from dra_driver.testing.fakeapi import fakeserver
 
 Connect = Callable[..., tuple[fakeserver.FakeApiServer, client.KubeClient]]
 ALL_KEPT = {"device_taints": True, "shared_counters": True, "consumable_capacity": True}

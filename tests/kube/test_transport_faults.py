@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from dra_driver.fakeapi import fakeserver, faultproxy, memory
 from dra_driver.kube import transport
+from dra_driver.testing.fakeapi import fakeserver, faultproxy, memory
 
 
 def test_one_silent_connection_drops_the_idle_ones_with_it() -> None:

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from dra_driver.fakeapi import certs, fakeserver
 from dra_driver.kube import transport
+from dra_driver.testing.fakeapi import certs, fakeserver
 
 WAIT_S = 20.0  # generous: a loaded 2-core machine
 

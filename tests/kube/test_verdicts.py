@@ -19,9 +19,9 @@ import refdata
 
 from dra_driver.allocation import cel
 from dra_driver.apimachinery import fielderrors
-from dra_driver.fakeapi import fakeserver, memory
 from dra_driver.kube import api, client
 from dra_driver.slices import validate
+from dra_driver.testing.fakeapi import fakeserver, memory
 
 from . import verdicts
 

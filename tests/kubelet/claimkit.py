@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 from dra_driver.driver import claims
-from dra_driver.fakeapi import fakeserver
+from dra_driver.testing.fakeapi import fakeserver
 
 
 def put_claim(

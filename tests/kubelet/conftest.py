@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.fakeapi import fakeserver, memory
+from dra_driver.testing.fakeapi import fakeserver, memory
 
 
 @pytest.fixture

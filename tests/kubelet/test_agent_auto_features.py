@@ -12,8 +12,8 @@ import structlog.testing
 
 from dra_driver import app, metrics
 from dra_driver.devices import fake
-from dra_driver.fakeapi import memory
 from dra_driver.slices import serverfeatures
+from dra_driver.testing.fakeapi import memory
 
 NO_COUNTERS = serverfeatures.Kept(shared_counters=False, probed=True)
 

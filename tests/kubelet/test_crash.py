@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 
 from dra_driver.driver import claims
-from dra_driver.fakeapi import fakeserver
-from dra_driver.kubelet.sim import KubeletSim, PluginProcess
+from dra_driver.testing.fakeapi import fakeserver
+from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
 from .claimkit import put_claim
 

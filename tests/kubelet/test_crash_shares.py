@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.driver import claims, mpsprocess
-from dra_driver.fakeapi import fakeserver
-from dra_driver.kubelet.sim import KubeletSim, PluginProcess
+from dra_driver.testing.fakeapi import fakeserver
+from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
 from .test_crash import kill_under_load
 

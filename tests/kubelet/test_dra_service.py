@@ -16,9 +16,9 @@ import pytest
 from dra_driver import app, logs
 from dra_driver.devices import fake
 from dra_driver.driver import claims
-from dra_driver.fakeapi import memory
 from dra_driver.kubelet import server
-from dra_driver.kubelet.sim import KubeletSim
+from dra_driver.testing.fakeapi import memory
+from dra_driver.testing.kubeletsim import KubeletSim
 
 PREPARE_V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 

@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from dra_driver import grpcstreams, health_server
-from dra_driver.fakeapi import fakeserver, faultproxy
-from dra_driver.kubelet.sim import KubeletSim, PluginProcess
+from dra_driver.testing.fakeapi import fakeserver, faultproxy
+from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
 from .claimkit import put_claim
 from .test_dra_service import PREPARE_V1, Running, result

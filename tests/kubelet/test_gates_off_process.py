@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from dra_driver.fakeapi import fakeserver
-from dra_driver.kubelet.sim import PluginProcess
 from dra_driver.slices import compare
+from dra_driver.testing.fakeapi import fakeserver
+from dra_driver.testing.kubeletsim import PluginProcess
 
 Obj = dict[str, Any]
 DROPPED = "API server drops the ResourceSlice fields of a feature"

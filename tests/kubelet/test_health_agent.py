@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from dra_driver import healthcontrol
-from dra_driver.fakeapi import fakeserver
-from dra_driver.kubelet.sim import KubeletSim, PluginProcess
 from dra_driver.pb.dra_health.v1 import health_pb2 as v1_pb2
 from dra_driver.slices import validate
+from dra_driver.testing.fakeapi import fakeserver
+from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
 from .claimkit import put_claim
 

@@ -14,10 +14,10 @@ import pytest
 
 from dra_driver import app, logs
 from dra_driver.devices import fake, health
-from dra_driver.fakeapi import memory
 from dra_driver.kubelet import health_service
-from dra_driver.kubelet.sim import KubeletSim
 from dra_driver.pb.dra_health.v1 import health_pb2 as v1_pb2
+from dra_driver.testing.fakeapi import memory
+from dra_driver.testing.kubeletsim import KubeletSim
 
 
 class Running:

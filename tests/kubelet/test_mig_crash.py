@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from dra_driver.devices import migstate
-from dra_driver.fakeapi import fakeserver
-from dra_driver.kubelet.sim import KubeletSim, PluginProcess
+from dra_driver.testing.fakeapi import fakeserver
+from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
 from .claimkit import put_claim
 from .test_crash import _churn

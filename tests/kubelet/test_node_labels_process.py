@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dra_driver.fakeapi import fakeserver
-from dra_driver.kubelet.sim import PluginProcess
 from dra_driver.nodelabels import reconcile
+from dra_driver.testing.fakeapi import fakeserver
+from dra_driver.testing.kubeletsim import PluginProcess
 
 FOREIGN = {"kubernetes.io/hostname": "n1", "nvidia.com/gpu.deploy.driver": "true", "team": "ml"}
 

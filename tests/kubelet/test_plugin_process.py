@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from dra_driver.driver import claims
-from dra_driver.fakeapi import fakeserver
-from dra_driver.kubelet.sim import KubeletSim, PluginProcess, RegistrationRefused
+from dra_driver.testing.fakeapi import fakeserver
+from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess, RegistrationRefused
 
 from .claimkit import put_claim
 

@@ -16,8 +16,8 @@ import pytest
 import refdata
 
 from dra_driver.driver import claims
-from dra_driver.fakeapi import fakeserver, memory
-from dra_driver.kubelet.sim import KubeletSim, PluginProcess
+from dra_driver.testing.fakeapi import fakeserver, memory
+from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
 pytestmark = refdata.MARK
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.fakeapi import fakeserver
-from dra_driver.kubelet.sim import KubeletSim, PluginProcess
+from dra_driver.testing.fakeapi import fakeserver
+from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
 from .claimkit import put_claim
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
-from dra_driver.devices import fake, model, profiles
+from dra_driver.devices import fake, model
+from dra_driver.devices.fake import profiles
 
 
 def builtin(name: str) -> model.NodeDevices:

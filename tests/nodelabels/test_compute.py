@@ -9,7 +9,8 @@ import pytest
 
 from dra_driver.apimachinery import names
 from dra_driver.deviceplugin import inventory
-from dra_driver.devices import health, model, profiles
+from dra_driver.devices import health, model
+from dra_driver.devices.fake import profiles
 from dra_driver.nodelabels import compute
 
 from .nodes import builtin, bus, node

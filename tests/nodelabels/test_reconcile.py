@@ -12,9 +12,9 @@ from structlog.testing import capture_logs
 
 from dra_driver import logs
 from dra_driver.devices import health
-from dra_driver.fakeapi import memory
 from dra_driver.nodelabels import agent, compute, reconcile
 from dra_driver.slices.publisher import Backoff
+from dra_driver.testing.fakeapi import memory
 
 from .nodes import builtin
 

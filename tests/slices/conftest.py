@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.devices import fake, model, profiles
+from dra_driver.devices import fake, model
+from dra_driver.devices.fake import profiles
 from dra_driver.slices import build
 
 Obj = dict[str, Any]

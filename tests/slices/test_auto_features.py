@@ -16,8 +16,8 @@ import structlog.testing
 from dra_driver import metrics
 from dra_driver.cli import common
 from dra_driver.devices import health, migprofiles
-from dra_driver.fakeapi import memory
 from dra_driver.slices import nodepublisher, republish, serverfeatures, shares
+from dra_driver.testing.fakeapi import memory
 
 from .conftest import Obj, devices_of
 

@@ -12,7 +12,8 @@ import kubernetes_validate
 import pytest
 import refdata
 
-from dra_driver.devices import fake, gpusets, model, profiles, topology
+from dra_driver.devices import fake, gpusets, model, topology
+from dra_driver.devices.fake import profiles
 from dra_driver.slices import build, devicerules, shares, validate
 from dra_driver.slices import gpusets as slices_gpusets
 

@@ -9,7 +9,8 @@ import hashlib
 import pytest
 
 from dra_driver.apimachinery import quantity
-from dra_driver.devices import fake, migprofiles, model, profiles
+from dra_driver.devices import fake, migprofiles, model
+from dra_driver.devices.fake import profiles
 from dra_driver.slices import build, requestpolicy, shares
 
 from .conftest import devices_of, generated_profile

@@ -11,7 +11,7 @@ import refdata
 
 from dra_driver import deviceclasses
 from dra_driver.allocation import cel
-from dra_driver.fakeapi import memory
+from dra_driver.testing.fakeapi import memory
 
 from . import openapi
 from .conftest import devices_of

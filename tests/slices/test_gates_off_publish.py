@@ -17,9 +17,9 @@ import structlog
 
 from dra_driver.allocation import allocator, claimgen, simulator
 from dra_driver.devices import fake, health, migprofiles, model
-from dra_driver.fakeapi import fakeserver
 from dra_driver.kube import client, features
 from dra_driver.slices import compare, nodepublisher, republish, serverfeatures, shares
+from dra_driver.testing.fakeapi import fakeserver
 
 Obj = dict[str, Any]
 DRIVER = "gpu.nvidia.com"

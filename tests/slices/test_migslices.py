@@ -9,7 +9,8 @@ import refdata
 
 from dra_driver.apimachinery import names
 from dra_driver.apimachinery import quantity as qty
-from dra_driver.devices import fake, migprofiles, model, profiles
+from dra_driver.devices import fake, migprofiles, model
+from dra_driver.devices.fake import profiles
 from dra_driver.slices import build, migslices, validate
 
 from . import openapi

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from dra_driver.devices import health, migprofiles
-from dra_driver.fakeapi import memory
 from dra_driver.slices import leader, nodepublisher, publisher, shares
+from dra_driver.testing.fakeapi import memory
 
 from .conftest import Obj, devices_of
 from .test_publisher import DRIVER, Recorder, wait_for

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from dra_driver.devices import model
-from dra_driver.fakeapi import memory
 from dra_driver.kube import api
 from dra_driver.slices import build, publisher
+from dra_driver.testing.fakeapi import memory
 
 from .conftest import Obj, devices_of
 

@@ -17,9 +17,9 @@ import pytest
 
 from dra_driver import app, logs
 from dra_driver.devices import fake
-from dra_driver.fakeapi import eventlog, fakeserver, faultproxy, memory
 from dra_driver.kube import api, client
 from dra_driver.slices import build, publisher
+from dra_driver.testing.fakeapi import eventlog, fakeserver, faultproxy, memory
 
 from .conftest import devices_of
 from .test_publisher import DRIVER, Recorder, desired, generation, wait_for

@@ -8,9 +8,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from dra_driver.fakeapi import memory
 from dra_driver.kube import api
 from dra_driver.slices import publisher
+from dra_driver.testing.fakeapi import memory
 
 from .test_publisher import DRIVER, Recorder, desired, wait_for
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from dra_driver.fakeapi import memory
 from dra_driver.kube import api
 from dra_driver.slices import build, publisher
+from dra_driver.testing.fakeapi import memory
 
 from .conftest import Obj, devices_of
 from .test_publisher import DRIVER, Recorder, desired
@@ -284,7 +284,8 @@ def test_failed_and_vanished_deletes(mem: memory.InMemoryApi) -> None:
 
 
 def build_for(gpus: int) -> Any:
-    from dra_driver.devices import fake, profiles
+    from dra_driver.devices import fake
+    from dra_driver.devices.fake import profiles
 
     from .conftest import generated_profile
 

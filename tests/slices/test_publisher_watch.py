@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from dra_driver.fakeapi import memory
 from dra_driver.kube import api
 from dra_driver.slices import publisher
+from dra_driver.testing.fakeapi import memory
 
 from .test_publisher import DRIVER, Recorder, desired
 from .test_publisher_plumbing import SLICE, events, make

@@ -12,8 +12,8 @@ import pytest
 
 from dra_driver import logs
 from dra_driver.devices import health
-from dra_driver.fakeapi import memory
 from dra_driver.slices import build, publisher, republish, taints
+from dra_driver.testing.fakeapi import memory
 
 from .conftest import Obj, devices_of
 

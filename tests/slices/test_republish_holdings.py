@@ -16,8 +16,8 @@ import pytest
 from dra_driver import logs
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import health, holdings
-from dra_driver.fakeapi import memory
 from dra_driver.slices import build, nodepublisher, publisher, republish
+from dra_driver.testing.fakeapi import memory
 
 from .conftest import Obj, devices_of
 from .test_publisher import Recorder, wait_for

@@ -12,7 +12,6 @@ import structlog.testing
 
 from dra_driver import metrics
 from dra_driver.devices import health, migprofiles
-from dra_driver.fakeapi import memory
 from dra_driver.slices import (
     build,
     compare,
@@ -22,6 +21,7 @@ from dra_driver.slices import (
     shares,
     taints,
 )
+from dra_driver.testing.fakeapi import memory
 
 from .conftest import Obj, devices_of
 

@@ -18,15 +18,15 @@ from typing import Any
 
 import grpc
 
-from dra_driver.faultsuite import Row, rig
+from dra_driver.testing.faultsuite import Row, rig
 
 WORKERS = 8
 
 
 def run(size: int, rng: random.Random, workdir: Path) -> Row:
     """About ``size`` calls in all."""
-    from dra_driver.fakeapi import fakeserver
-    from dra_driver.kubelet.sim import KubeletSim, PluginProcess
+    from dra_driver.testing.fakeapi import fakeserver
+    from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
     row = Row("concurrent calls (duplicates, contested GPUs)")
     base = workdir / "cc"

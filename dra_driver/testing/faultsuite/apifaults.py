@@ -1,6 +1,6 @@
 """API errors and outages through a fault-injecting proxy, against the publishing plugin process.
 
-The plugin reaches the fake API server through :class:`~dra_driver.fakeapi.faultproxy.
+The plugin reaches the fake API server through :class:`~dra_driver.testing.fakeapi.faultproxy.
 FaultProxy`. Each trial injects one fault — an outage (connections refused and reset), a burst
 of resets, connections that go silent, HTTP errors (5xx, 429, 409, 410 on the watch), a slice
 deleted or edited by someone else — sometimes several at once, then lifts it. During an outage
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dra_driver.faultsuite import Row, rig
 from dra_driver.slices import compare
+from dra_driver.testing.faultsuite import Row, rig
 
 GRACE_S = 1.0
 CONVERGE_S = 30.0
@@ -30,8 +30,8 @@ FAULTS = ("outage", "resets", "silence", "http-5xx", "http-429", "conflict", "wa
 
 def run(size: int, rng: random.Random, workdir: Path, *, long_outage_s: float = 0.0) -> Row:
     """``size`` trials (plus one outage of ``long_outage_s`` when set)."""
-    from dra_driver.fakeapi import fakeserver, faultproxy
-    from dra_driver.kubelet.sim import KubeletSim, PluginProcess
+    from dra_driver.testing.fakeapi import fakeserver, faultproxy
+    from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
     row = Row("API errors and outages (fault proxy)")
     base = workdir / "api"

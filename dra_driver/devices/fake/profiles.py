@@ -1,7 +1,7 @@
 """Fake GPU topology profiles: the documented YAML format users describe hardware in.
 
 A profile is what lets the whole driver run on a laptop or CI machine: the fake NVML stand-in
-(:mod:`dra_driver.devices.fakenvml`) answers NVML calls from it. Built-in profiles ship as
+(:mod:`dra_driver.devices.fake.fakenvml`) answers NVML calls from it. Built-in profiles ship as
 package data; ``--fake-file FILE`` loads a user's own. The format is documented in
 ``docs/profiles.md``; every mistake is reported with the file and the field at fault.
 """
@@ -270,7 +270,7 @@ def _check_mig(i: int, table_name: str | None, instances: list[MigSpec] | None) 
 
 def builtin_names() -> list[str]:
     """Names of the profiles shipped with the package."""
-    folder = importlib.resources.files("dra_driver.devices") / "profiles"
+    folder = importlib.resources.files("dra_driver.devices.fake") / "profiles"
     return sorted(
         p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
     )
@@ -282,7 +282,7 @@ def load_builtin(name: str) -> Profile:
         raise ProfileError(
             f"unknown fake profile {name!r}; built-in profiles: {', '.join(builtin_names())}"
         )
-    resource = importlib.resources.files("dra_driver.devices") / "profiles" / f"{name}.yaml"
+    resource = importlib.resources.files("dra_driver.devices.fake") / "profiles" / f"{name}.yaml"
     return parse(resource.read_text(encoding="utf-8"), source=f"built-in profile {name}")
 
 

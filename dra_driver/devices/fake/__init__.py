@@ -1,7 +1,7 @@
 """The fake discovery backend: a node's GPUs described by a topology profile.
 
 Runs the driver without GPUs (laptops, CI, kind clusters). It does not build the device model
-itself: it runs the real NVML backend over :class:`~dra_driver.devices.fakenvml.FakeNvml`, a
+itself: it runs the real NVML backend over :class:`~dra_driver.devices.fake.fakenvml.FakeNvml`, a
 pynvml stand-in answering from the profile, so fake and real discovery share one code path and
 features a card lacks are absent exactly the way NVML reports them.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dra_driver.devices import fakenvml, model, nvml, profiles
+from dra_driver.devices import model, nvml
+from dra_driver.devices.fake import fakenvml, profiles
 
 
 class FakeBackend:

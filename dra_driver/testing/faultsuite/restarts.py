@@ -1,7 +1,7 @@
 """Restarts around the agents: the kubelet under the device plugin, and agent hand-overs.
 
 ``kubelet restarts (device plugin)``: the device-plugin process runs against the stand-in
-kubelet (:mod:`~dra_driver.deviceplugin.kubeletsim`), which restarts the way a real one does
+kubelet (:mod:`~dra_driver.testing.dpkubeletsim`), which restarts the way a real one does
 (its socket and the plugin sockets deleted, a new ``kubelet.sock``), sometimes while a
 ListAndWatch is open. After each restart the plugin must register again, serve ListAndWatch and
 Allocate, and stay alive.
@@ -22,17 +22,17 @@ from typing import Any
 
 import grpc
 
-from dra_driver.faultsuite import Row, rig
+from dra_driver.testing.faultsuite import Row, rig
 
 DEADLINE_S = 30.0
 
 
 def run_kubelet(size: int, rng: random.Random, workdir: Path) -> Row:
     """``size`` kubelet restarts under one device-plugin process."""
-    from dra_driver.deviceplugin.kubeletsim import FakeKubelet
-    from dra_driver.faultsuite import fuzz
     from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
     from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+    from dra_driver.testing.dpkubeletsim import FakeKubelet
+    from dra_driver.testing.faultsuite import fuzz
 
     row = Row("kubelet restarts (device plugin)")
     base = workdir / "kr"
@@ -71,8 +71,8 @@ def run_kubelet(size: int, rng: random.Random, workdir: Path) -> Row:
 
 def run_handover(size: int, rng: random.Random, workdir: Path) -> Row:
     """``size`` hand-overs between two agent processes of one node."""
-    from dra_driver.fakeapi import fakeserver
-    from dra_driver.kubelet.sim import PluginProcess
+    from dra_driver.testing.fakeapi import fakeserver
+    from dra_driver.testing.kubeletsim import PluginProcess
 
     row = Row("publisher hand-overs (two agents)")
     base = workdir / "ho"

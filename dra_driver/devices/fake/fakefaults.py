@@ -7,8 +7,8 @@ pynvml's own ``c_nvmlEventData_t`` and raises ``NVMLError_Timeout`` when nothing
 GPU whose every call raises ``NVMLError_GpuIsLost`` (and whose loss wakes waiting event sets with
 that error, as the driver does), pages pending retirement, row-remapping failures, a degraded
 NVLink fabric and the driver's recovery-action field. :class:`FakeHealth` is mixed into
-:class:`~dra_driver.devices.fakenvml.FakeNvml`; tests and the fake-event control socket call its
-``inject_*`` / :meth:`FakeHealth.lose` / :meth:`FakeHealth.reset` methods from any thread.
+:class:`~dra_driver.devices.fake.fakenvml.FakeNvml`; tests and the fake-event control socket call
+its ``inject_*`` / :meth:`FakeHealth.lose` / :meth:`FakeHealth.reset` methods from any thread.
 
 Support follows the hardware: Volta and Turing retire pages (row remapping is NotSupported),
 Ampere and newer remap rows (page retirement is NotSupported). Events are delivered only to event
@@ -23,7 +23,8 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any
 
-from dra_driver.devices import nvml, profiles
+from dra_driver.devices import nvml
+from dra_driver.devices.fake import profiles
 
 _AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE: first architecture with row remapping
 _HANDLE_BASE = 0x6E760000  # fake addresses of device handles in event data (never dereferenced)

@@ -5,12 +5,12 @@ start, supervise, adopt and stop one MPS control daemon per shared GPU. This sma
 the real binary's part, with the same command line and environment, so the agent's code path is
 the one it uses with real GPUs (:mod:`dra_driver.driver.mps`):
 
-* ``python -m dra_driver.devices.fakemps -f``: the control daemon in the foreground. It needs
+* ``python -m dra_driver.devices.fake.fakemps -f``: the control daemon in the foreground. It needs
   ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` (like the real one), creates the
   ``control`` socket in the pipe directory once it is ready, writes ``control.log`` in the log
   directory, and refuses to start when a daemon already answers on that pipe directory.
   ``-d`` does the same in the background (the process detaches and the command returns).
-* ``python -m dra_driver.devices.fakemps`` (no option): the client. It sends each line of
+* ``python -m dra_driver.devices.fake.fakemps`` (no option): the client. It sends each line of
   standard input to the daemon and prints the answers, like ``echo quit |
   nvidia-cuda-mps-control``; without a daemon it fails as the real client does.
 

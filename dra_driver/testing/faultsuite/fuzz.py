@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from dra_driver.faultsuite import Row, rig
+from dra_driver.testing.faultsuite import Row, rig
 
 DEADLINE_S = 10.0
 DRA = "/k8s.io.kubelet.pkg.apis.dra.{}.DRAPlugin/{}"
@@ -56,8 +56,8 @@ def run(size: int, rng: random.Random, workdir: Path) -> list[Row]:
 
 
 def _dra(size: int, rng: random.Random, workdir: Path) -> Row:
-    from dra_driver.fakeapi import fakeserver
-    from dra_driver.kubelet.sim import KubeletSim, PluginProcess
+    from dra_driver.testing.fakeapi import fakeserver
+    from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
     row = Row("gRPC fuzz (kubelet plugin)")
     base = workdir / "fz"
@@ -228,9 +228,9 @@ def _check_log(row: Row, log: str) -> None:
 
 
 def _device_plugin(size: int, rng: random.Random, workdir: Path) -> Row:
-    from dra_driver.deviceplugin.kubeletsim import FakeKubelet
     from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
     from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+    from dra_driver.testing.dpkubeletsim import FakeKubelet
 
     row = Row("gRPC fuzz (device plugin)")
     base = workdir / "dpf"

@@ -1,7 +1,7 @@
 """State and bookkeeping of the in-memory Kubernetes API, and its cluster objects.
 
-Why it exists: :mod:`dra_driver.fakeapi.memory` is the in-memory API server; this is its lower
-half — the lock, the global ``resourceVersion`` counter, the call log and injected failures,
+Why it exists: :mod:`dra_driver.testing.fakeapi.memory` is the in-memory API server; this is its
+lower half — the lock, the global ``resourceVersion`` counter, the call log and injected failures,
 metadata stamping, and the objects other than ResourceSlices (ResourceClaims with the server's
 defaulting and validation, DeviceClasses, Nodes with owner-reference garbage collection and
 label patches (:mod:`.nodes`), Namespaces with the labels admission checks read). Split out to
@@ -20,8 +20,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from dra_driver.apimachinery import fielderrors, schema
-from dra_driver.fakeapi import admission, claimstatus, eventlog, featuregates, nodes, serverbits
 from dra_driver.kube import api
+from dra_driver.testing.fakeapi import (
+    admission,
+    claimstatus,
+    eventlog,
+    featuregates,
+    nodes,
+    objects,
+    serverbits,
+)
 
 Obj = api.Obj
 WRITE_METHODS = frozenset(
@@ -78,6 +86,8 @@ class ClusterState:
         self._log = eventlog.EventLog(self._lock, history=history)
         self._faults: list[_Fault] = []
         self.calls: list[Call] = []
+        # Every other kind (Pods, Leases, DaemonSets, claim templates, custom kinds).
+        self.objects = objects.ObjectStore(self)
 
     def get_resource_claim(self, namespace: str, name: str) -> Obj:
         with self._lock:
@@ -266,6 +276,7 @@ class ClusterState:
                 refs = obj["metadata"].get("ownerReferences") or ()
                 if any(r.get("uid") == uid for r in refs):
                     self._remove_slice(slice_name)
+            self.objects.collect_garbage()
 
     def restart_with_gates(self, disabled_gates: Iterable[str]) -> None:
         """Test helper: the server back with other DRA gates off; stored objects stay, as in
@@ -306,6 +317,16 @@ class ClusterState:
     def _fail(self, method: str, name: str, status: int, message: str) -> api.ApiError:
         self.calls.append(Call(method, name, status))
         return serverbits.error_for(status, message)
+
+    def _record(self, method: str, name: str, status: int = 200) -> None:
+        self.calls.append(Call(method, name, status))
+
+    def owner_uids(self) -> set[str]:
+        """The uids of the objects of this store that may own others (garbage collection)."""
+        with self._lock:
+            found = {o["metadata"]["uid"] for o in self._nodes.values()}
+            found |= {o["metadata"]["uid"] for o in self._claims.values()}
+            return found | {o["metadata"]["uid"] for o in self._slices.values()}
 
     def _ok(self, method: str, name: str, obj: Obj, status: int = 200) -> Obj:
         self.calls.append(Call(method, name, status))

@@ -1,12 +1,12 @@
 """The compute-instance and MIG-device half of the NVML stand-in's MIG model, and processes.
 
-Why it exists: split from :mod:`dra_driver.devices.fakemig` (profiles, placements, GPU
+Why it exists: split from :mod:`dra_driver.devices.fake.fakemig` (profiles, placements, GPU
 instances, MIG mode) to keep modules small. Here: compute instances inside GPU instances
 (one spanning the whole GPU instance is what the driver creates; smaller ones share it), the MIG
 device handles discovery walks (``nvmlDeviceGetMigDeviceHandleByIndex`` over every compute
 instance, in placement order) with their attributes and UUIDs, and the processes a GPU or MIG
 device runs (``nvmlDeviceGetComputeRunningProcesses``, returned as pynvml's friendly objects).
-Mixed into :class:`~dra_driver.devices.fakenvml.FakeNvml` through :class:`FakeMigDevices`.
+Mixed into :class:`~dra_driver.devices.fake.fakenvml.FakeNvml` through :class:`FakeMigDevices`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 import uuid as uuidlib
 from typing import Any
 
-from dra_driver.devices import fakemig, migstate, nvml
+from dra_driver.devices import migstate, nvml
+from dra_driver.devices.fake import fakemig
 
 _SLICES_BY_CI_SLOT = {slot: slices for slices, slot in nvml.CI_PROFILE_BY_SLICES.items()}
 _NO_INSTANCE = 0xFFFFFFFF  # what NVML reports as GPU/compute instance id outside MIG

@@ -1,6 +1,6 @@
 """The listening side of the fake API server: connections, TLS handshakes, idle cut-off.
 
-Why it exists apart from the request handling (:mod:`dra_driver.fakeapi.fakeserver`): what a
+Why it exists apart from the request handling (:mod:`dra_driver.testing.fakeapi.fakeserver`): what a
 client's connection pool meets — kept-alive connections, TLS with a client certificate, the
 handshake on the connection's own thread (never holding up ``accept``), idle connections closed
 by the server after a while, and all of them dropped when the server stops — is one concern, and
@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from dra_driver.fakeapi import discovery, memory
+from dra_driver.testing.fakeapi import discovery, memory
 
 
 class Server(http.server.ThreadingHTTPServer):

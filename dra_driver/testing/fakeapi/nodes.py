@@ -7,7 +7,7 @@ carry (409), a renamed object refused (400), values of the wrong JSON type refus
 (400), label keys/values and annotation keys and total size validated (422, the server's
 messages), server-owned metadata and the status (a subresource) left as they were, and a patch
 that changes nothing stored as a no-op (no new ``resourceVersion``). Pure functions; the
-bookkeeping (lock, counters, call log) is :mod:`dra_driver.fakeapi.memstate`'s.
+bookkeeping (lock, counters, call log) is :mod:`dra_driver.testing.fakeapi.memstate`'s.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Why it exists: the node agent must survive API outages, dropped connections and connections
 that die silently (a NAT entry or a proxy that forgets them: no FIN, no RST, just no more bytes),
 and only a real TCP hop between the real API client and the fake API server
-(:mod:`~dra_driver.fakeapi.fakeserver`) shows what the client then does. HTTP-level faults (5xx,
-429, 409, 410) are injected in the in-memory API behind it (``fail_next``); this proxy does the
-transport:
+(:mod:`~dra_driver.testing.fakeapi.fakeserver`) shows what the client then does. HTTP-level faults
+(5xx, 429, 409, 410) are injected in the in-memory API behind it (``fail_next``); this proxy does
+the transport:
 
 - :meth:`FaultProxy.outage`: new connections are refused (nothing listens on the port) and open
   ones are reset; :meth:`FaultProxy.restore` listens again on the same port.

@@ -6,8 +6,8 @@ no warning (``dropDisabledFields`` in kubernetes ``pkg/registry/resource/resourc
 strategy.go``, run before validation). A driver that publishes counters, taints or shareable
 devices must be tested against such servers, so the fake can be built with gates off
 (``InMemoryApi(disabled_gates=...)``, ``FakeApiServer(disabled_gates=...)``, ``python -m
-dra_driver.fakeapi.fakeserver --feature-gates DRADeviceTaints=false``). Tests hold it to what a
-real v1.36.2 server with each gate off stored (``../shared/reference/apiserver-verdicts/
+dra_driver.testing.fakeapi.fakeserver --feature-gates DRADeviceTaints=false``). Tests hold it to
+what a real v1.36.2 server with each gate off stored (``../shared/reference/apiserver-verdicts/
 gates-off``). With no gate off the fake is the recorded server: every DRA gate on, the alpha
 ``DRAListTypeAttributes`` and ``DRANodeAllocatableResources`` included.
 

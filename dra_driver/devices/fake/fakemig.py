@@ -5,8 +5,8 @@ real card (:mod:`dra_driver.devices.migcontrol` and discovery), so the stand-in 
 calls of ``pynvml`` with its real struct types, handle types and errors, from a real GPU's
 profile table (:mod:`dra_driver.devices.migtables`) and a state that outlives the process
 (:mod:`dra_driver.devices.migstate`). This module has MIG mode, profiles, placements and GPU
-instances; :mod:`dra_driver.devices.fakemigdev` builds on it with compute instances, MIG devices
-and processes, and is mixed into :class:`~dra_driver.devices.fakenvml.FakeNvml`.
+instances; :mod:`dra_driver.devices.fake.fakemigdev` builds on it with compute instances, MIG
+devices and processes, and is mixed into :class:`~dra_driver.devices.fake.fakenvml.FakeNvml`.
 
 Rules modelled after NVML: profile info and possible placements are answered whether or not MIG
 mode is on; instances need MIG mode; a placement outside the profile's possible ones is
@@ -24,7 +24,8 @@ import ctypes
 import dataclasses
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dra_driver.devices import migstate, migtables, nvml, profiles
+from dra_driver.devices import migstate, migtables, nvml
+from dra_driver.devices.fake import profiles
 
 _GI_TOKEN, _CI_TOKEN = 0x6100_0000, 0x6200_0000  # handle "addresses": kind | pos | gi | ci
 

@@ -21,10 +21,10 @@ import uuid
 from collections.abc import Iterator
 
 from dra_driver.apimachinery import schema
-from dra_driver.fakeapi import featuregates, memstate, serverbits
-from dra_driver.fakeapi.memstate import WRITE_METHODS, Call
 from dra_driver.kube import api
 from dra_driver.slices import validate as slice_validate
+from dra_driver.testing.fakeapi import featuregates, memstate, serverbits
+from dra_driver.testing.fakeapi.memstate import WRITE_METHODS, Call
 
 Obj = api.Obj
 _SLICES = serverbits.SLICES
@@ -184,10 +184,12 @@ class InMemoryApi(memstate.ClusterState):
         """Close every open watch stream (as a server restart or timeout would)."""
         with self._lock:
             self._log.end_watches()
+            self.objects.end_watches()
 
     def close(self) -> None:
         with self._lock:
             self._log.close()
+            self.objects.close()
 
     @property
     def writes(self) -> int:

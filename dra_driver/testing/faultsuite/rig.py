@@ -20,7 +20,7 @@ from typing import Any
 from dra_driver import app
 from dra_driver.devices import fake, model
 from dra_driver.driver import checkpoint, claims, inventory, sharing
-from dra_driver.fakeapi import memory
+from dra_driver.testing.fakeapi import memory
 
 DRIVER = "gpu.nvidia.com"
 NODE = "n1"

@@ -4,15 +4,15 @@ Why it exists: the real client adapter (:mod:`dra_driver.kube.client`) must be t
 HTTP — URL building, field selectors, chunked watch streams, Status bodies, preconditions in
 DELETE bodies, merge patches of Nodes, connection errors — and no kube-apiserver can run here.
 This server speaks exactly the paths the driver uses, backed by
-:class:`~dra_driver.fakeapi.memory.InMemoryApi`, on 127.0.0.1 with an ephemeral port; tests
-start it in-process or as a subprocess (``python -m dra_driver.fakeapi.fakeserver``) and point
-a kubeconfig at it.
+:class:`~dra_driver.testing.fakeapi.memory.InMemoryApi`, on 127.0.0.1 with an ephemeral port; tests
+start it in-process or as a subprocess (``python -m dra_driver.testing.fakeapi.fakeserver``) and
+point a kubeconfig at it.
 
 Like a real API server it can serve TLS and require a client certificate (``tls``, a bundle from
-:mod:`dra_driver.fakeapi.certs`; the TLS handshake runs on the connection's own thread), and close
-kept-alive connections that stay idle (``idle_timeout_s``; kube-apiserver closes them after 90 s).
-It counts the connections it accepted and the TLS sessions resumed (``stats``, also served at
-``/fakeapi/stats``) so tests and benchmarks can see handshakes.
+:mod:`dra_driver.testing.fakeapi.certs`; the TLS handshake runs on the connection's own thread),
+and close kept-alive connections that stay idle (``idle_timeout_s``; kube-apiserver closes them
+after 90 s). It counts the connections it accepted and the TLS sessions resumed (``stats``, also
+served at ``/fakeapi/stats``) so tests and benchmarks can see handshakes.
 """
 
 from __future__ import annotations
@@ -32,11 +32,18 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from dra_driver.fakeapi import discovery, featuregates, httpserver, memory, nodes
 from dra_driver.kube import api
+from dra_driver.testing.fakeapi import (
+    discovery,
+    featuregates,
+    httpserver,
+    memory,
+    nodes,
+    objectroutes,
+)
 
 if TYPE_CHECKING:
-    from dra_driver.fakeapi import certs
+    from dra_driver.testing.fakeapi import certs
 
 _GROUP = "/apis/resource.k8s.io/v1"
 _ROUTES: list[tuple[str, re.Pattern[str]]] = [
@@ -123,6 +130,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if match:
                     self._route(method, route, match.groups(), query, body)
                     return
+            if objectroutes.serve(self.server.api.objects, self, method, parsed.path, query, body):
+                return
             raise api.NotFound("the server could not find the requested resource")
         except api.ApiError as exc:
             if exc.status == 0:  # injected "unreachable": drop the connection, no answer
@@ -416,7 +425,7 @@ def write_kubeconfig(
 
 def main(argv: list[str] | None = None) -> int:
     """Run a fake API server until SIGTERM/SIGINT; write a kubeconfig for it."""
-    parser = argparse.ArgumentParser(prog="python -m dra_driver.fakeapi.fakeserver")
+    parser = argparse.ArgumentParser(prog="python -m dra_driver.testing.fakeapi.fakeserver")
     parser.add_argument("--kubeconfig", type=Path, required=True, help="kubeconfig to write")
     parser.add_argument("--node", action="append", default=[], help="Node object to create")
     parser.add_argument("--token", default=None, help="require this bearer token")

@@ -7,8 +7,8 @@ SIGKILLs it at a random moment (one trial in eight, already during recovery). Fo
 trial cost milliseconds, so hundreds of kills fit in seconds. ``kills (plugin process)`` does
 the same to the real plugin process over its gRPC sockets, fewer times (a process start costs a
 second). After every recovery the disk is audited against what was acknowledged
-(:func:`~dra_driver.faultsuite.rig.audit`); claims whose call was cut short may be either way.
-
+(:func:`~dra_driver.testing.faultsuite.rig.audit`); claims whose call was cut short may be either
+way.
 The fork needs a parent without threads: run this scenario before any that starts grpc.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from dra_driver import app, logs
-from dra_driver.faultsuite import Row, rig
+from dra_driver.testing.faultsuite import Row, rig
 
 RECOVER_DEADLINE_S = 30.0
 
@@ -194,8 +194,8 @@ def _settle(told: dict[str, bool], prepared: set[str], uncertain: set[str]) -> N
 
 def run_process(size: int, rng: random.Random, workdir: Path) -> Row:
     """``size`` SIGKILLs of ``dra-driver kubelet-plugin`` while a kubelet stand-in calls it."""
-    from dra_driver.fakeapi import fakeserver
-    from dra_driver.kubelet.sim import KubeletSim, PluginProcess
+    from dra_driver.testing.fakeapi import fakeserver
+    from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
     row = Row("kills (plugin process, gRPC)")
     base = workdir / "pk"

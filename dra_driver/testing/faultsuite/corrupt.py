@@ -21,7 +21,7 @@ from typing import Any
 
 from dra_driver import app, logs
 from dra_driver.driver import atomicfile
-from dra_driver.faultsuite import Row, rig
+from dra_driver.testing.faultsuite import Row, rig
 
 START_DEADLINE_S = 30.0
 Damage = Callable[[app.PluginSettings, str], None]

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dra_driver.devices import fakefaults, fakemig, fakemigdev, nvml, profiles
+from dra_driver.devices import nvml
+from dra_driver.devices.fake import fakefaults, fakemig, fakemigdev, profiles
 
 Failure = Exception | type[Exception]
 _UNKNOWN_ARCH = 0xFFFFFFFF
@@ -60,7 +61,7 @@ class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth):
     ``init_error`` makes ``nvmlInit`` fail (e.g. ``nvml.NVMLError_LibraryNotFound``); ``fail``
     makes every call about a GPU index raise; ``fail_calls`` makes one function raise for one
     GPU index; ``overrides`` replaces functions by name. The MIG functions
-    (:mod:`~dra_driver.devices.fakemig`) keep their state in ``mig_state_file`` when given, so
+    (:mod:`~dra_driver.devices.fake.fakemig`) keep their state in ``mig_state_file`` when given, so
     instances outlive the process as on a real card.
     """
 
