@@ -147,3 +147,119 @@ def test_importing_the_core_loads_none_of_them(layer: str) -> None:
         check=True,
     )
     assert json.loads(out.stdout) == []
+
+
+# ---------------------------------------------------------------------- product and test kit
+KIT = "dra_driver.testing"
+# Who may use the kit: the kit itself and the demo (it runs the node pipeline against the
+# in-memory API server and the kubelet stand-in), through ``dra-driver demo``.
+KIT_USERS = ("dra_driver.testing", "dra_driver.demo", "dra_driver.cli.demo")
+# What runs in a node agent or a controller: none of it may load the kit, not even indirectly.
+AGENT_ENTRIES = (
+    "dra_driver.app",
+    "dra_driver.cli.kubelet_plugin",
+    "dra_driver.cli.device_plugin",
+    "dra_driver.cli.publish",
+    "dra_driver.cli.labels",
+    "dra_driver.deviceplugin.app",
+    "dra_driver.kubelet.server",
+)
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def kit_importers(modules: dict[str, frozenset[str]]) -> list[str]:
+    """``module -> kit module`` for every product module that imports the kit directly."""
+    return sorted(
+        f"{m} -> {t}"
+        for m, targets in modules.items()
+        if not _within(m, KIT_USERS)
+        for t in targets
+        if _within(t, (KIT,))
+    )
+
+
+def test_product_modules_never_import_the_test_kit() -> None:
+    assert kit_importers({m: imports(m) for m in sources()}) == []
+    bad = [chain for entry in AGENT_ENTRIES for chain in offenders(chains(entry), (KIT,))]
+    assert bad == [], "a node agent would load the test kit:\n" + "\n".join(bad)
+
+
+def test_kit_rule_catches_a_product_import() -> None:
+    graph = {m: imports(m) for m in sources()}
+    graph["dra_driver.driver.claims"] = graph["dra_driver.driver.claims"] | {
+        "dra_driver.testing.fakeapi.memory"
+    }
+    assert kit_importers(graph) == ["dra_driver.driver.claims -> dra_driver.testing.fakeapi.memory"]
+
+
+def import_graph() -> dict[str, list[str]]:
+    """Our modules and the modules of ours each imports, without a module's own ancestor
+    packages (``from pkg import sibling`` runs ``pkg/__init__``, which may import its
+    submodules: Python's package pattern, not a cycle between modules)."""
+    src = sources()
+    return {
+        m: sorted(t for t in imports(m) if t in src and t != m and not m.startswith(t + "."))
+        for m in src
+    }
+
+
+def cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(graph.get(root, ())))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(graph.get(step, ()))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def test_no_import_cycles_in_the_package() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_cycle_rule_catches_a_cycle() -> None:
+    graph = import_graph()
+    assert "dra_driver.devices.model" in graph["dra_driver.devices.topology"]
+    graph["dra_driver.devices.model"] = [
+        *graph["dra_driver.devices.model"],
+        "dra_driver.devices.topology",
+    ]
+    added = ["dra_driver.devices.model", "dra_driver.devices.topology"]
+    assert added in cycles(graph)
+    assert added not in cycles(import_graph())
+    assert cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]

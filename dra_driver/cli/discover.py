@@ -22,10 +22,10 @@ import yaml
 
 from dra_driver import cli, healthcontrol
 from dra_driver.cli import agentflags, common
-from dra_driver.devices import backend, health, model, topology
+from dra_driver.devices import backend, health, model, render, topology
 
-# UUID → {"health", "conditions": [{kind, value, effect, message}], "source", ...}
-HealthView = dict[str, dict[str, Any]]
+HealthView = render.HealthView
+render_table = render.render_table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -104,19 +104,6 @@ def health_view(
     return view
 
 
-def _health_cell(view: HealthView | None, uuid: str) -> str:
-    entry = (view or {}).get(uuid)
-    if entry is None:
-        return "-"
-    status = str(entry["health"])
-    if not entry["conditions"]:
-        return status
-    kinds = ",".join(
-        f"{c['kind']}={c['value']}" if c["value"] else c["kind"] for c in entry["conditions"]
-    )
-    return f"{status} ({kinds})"
-
-
 def as_document(
     devices: model.NodeDevices, topo: topology.Topology, view: HealthView | None = None
 ) -> dict[str, Any]:
@@ -138,74 +125,6 @@ def as_document(
             ],
         },
     }
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB"
-
-
-def render_table(
-    devices: model.NodeDevices, topo: topology.Topology, view: HealthView | None = None
-) -> str:
-    """The table; with ``view`` a HEALTH column (``Unhealthy (xid=79)``)."""
-    rows = [["DEVICE", "PRODUCT", "MEMORY", "UUID", "PCI", "NUMA", "NVLINK", "ISLAND", "HEALTH"]]
-    for g in devices.gpus:
-        rows.append(
-            [
-                g.name
-                + (" (MIG)" if g.mig_enabled else " (MIG-capable)" if g.mig_profiles else ""),
-                g.product_name,
-                _gib(g.memory_bytes),
-                g.uuid,
-                g.pci_bus_id,
-                "-" if g.numa_node is None else str(g.numa_node),
-                str(g.active_links),
-                topo.island_of.get(g.index, "-"),
-                _health_cell(view, g.uuid),
-            ]
-        )
-        for m in g.mig_devices:
-            rows.append(
-                [
-                    "  " + model.mig_device_name(g, m),
-                    m.profile,
-                    _gib(m.memory_bytes),
-                    m.uuid,
-                    "",
-                    "",
-                    "",
-                    "",
-                    _health_cell(view, m.uuid),
-                ]
-            )
-    if view is None:
-        rows = [r[:-1] for r in rows]
-    out = [_columns(rows), ""]
-    header = [""] + [f"GPU{i}" for i in topo.indices] + ["NUMA"]
-    matrix = [header]
-    for i, row in zip(topo.indices, topology.matrix(topo), strict=True):
-        numa = topo.numa_of.get(i)
-        matrix.append([f"GPU{i}", *row, "-" if numa is None else str(numa)])
-    out.append(_columns(matrix))
-    out.append("")
-    if topo.islands:
-        for isl in topo.islands:
-            out.append(f"NVLink {isl.id}: GPUs {', '.join(str(i) for i in isl.gpu_indices)}")
-    else:
-        out.append("NVLink islands: none")
-    out.append(
-        "Legend: X = self, NV# = # NVLink links, PIX = one PCIe switch, "
-        "PXB = several PCIe switches, PHB = PCIe host bridge, NODE = same NUMA node, "
-        "SYS = across NUMA nodes"
-    )
-    return "\n".join(out)
-
-
-def _columns(rows: list[list[str]]) -> str:
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
 
 
 def prepared_claims(plugin_dir: Path, devices: model.NodeDevices) -> list[dict[str, Any]]:
@@ -292,4 +211,4 @@ def render_claims(found: list[dict[str, Any]]) -> str:
                         gpu["mig_uuid"] or "-",
                     ]
                 )
-    return _columns(rows)
+    return render.columns(rows)

@@ -21,7 +21,8 @@ from typing import Any
 from dra_driver.allocation import allocator, pools, simulator
 from dra_driver.demo import report as reporting
 from dra_driver.demo import rig as rigging
-from dra_driver.devices import fake, migprofiles, migstate, nvml
+from dra_driver.devices import fake, migprofiles, nvml
+from dra_driver.devices.fake import migstate
 from dra_driver.driver import claims
 from dra_driver.testing import kubeletsim as sim
 

@@ -19,10 +19,9 @@ import yaml
 
 from dra_driver import examples
 from dra_driver.allocation import allocator, pools, simulator
-from dra_driver.cli import discover
 from dra_driver.demo import report as reporting
 from dra_driver.demo import rig as rigging
-from dra_driver.devices import fake, model, topology
+from dra_driver.devices import fake, model, render, topology
 from dra_driver.driver import claims
 from dra_driver.testing import kubeletsim as sim
 from dra_driver.testing.fakeapi import memory
@@ -57,7 +56,7 @@ def scene(
     """Discover, publish, allocate the examples in two waves, prepare and unprepare them."""
     devices = backend.discover()
     report.section("Discover the node's GPUs (fake NVML, same code path as real GPUs)")
-    report.block(discover.render_table(devices, topology.build(devices)))
+    report.block(render.render_table(devices, topology.build(devices)))
     with rigging.node(
         report, base=base, backend=backend, node_name=node_name, driver_name=driver_name
     ) as rig:

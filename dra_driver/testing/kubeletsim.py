@@ -26,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from dra_driver import app
+from dra_driver import pluginsettings
 from dra_driver.driver import claims
 from dra_driver.pb.dra.v1 import dra_pb2 as v1_pb2
 from dra_driver.pb.dra.v1 import dra_pb2_grpc as v1_grpc
@@ -168,7 +168,7 @@ class PluginProcess:
         self.plugins_dir = base / "plugins"
         self.cdi_root = base / "cdi"
         self.log_path = base / (f"plugin-{pod_uid}.log" if pod_uid else "plugin.log")
-        self.settings = app.PluginSettings(
+        self.settings = pluginsettings.PluginSettings(
             node_name=node,
             driver_name=driver,
             registry_dir=self.registry_dir,

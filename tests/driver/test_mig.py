@@ -14,7 +14,8 @@ import pytest
 import structlog
 
 from dra_driver import logs
-from dra_driver.devices import fake, migcontrol, migprofiles, migstate, nvml
+from dra_driver.devices import fake, migcontrol, migprofiles, nvml
+from dra_driver.devices.fake import migstate
 from dra_driver.driver import checkpoint, claims, inventory, mig
 
 from .conftest import Node, claim_obj, new_uid

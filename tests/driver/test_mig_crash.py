@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dra_driver.devices import migstate
+from dra_driver.devices.fake import migstate
 
 from .conftest import Node, claim_obj, new_uid
 from .test_crash_points import CRASHED, _check_consistent, _run_child

@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from dra_driver.devices import migstate
+from dra_driver.devices.fake import migstate
 from dra_driver.testing.fakeapi import fakeserver
 from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 

@@ -4,7 +4,7 @@ Why it exists: dynamic MIG must run in tests and the demo through the very code 
 real card (:mod:`dra_driver.devices.migcontrol` and discovery), so the stand-in answers the MIG
 calls of ``pynvml`` with its real struct types, handle types and errors, from a real GPU's
 profile table (:mod:`dra_driver.devices.migtables`) and a state that outlives the process
-(:mod:`dra_driver.devices.migstate`). This module has MIG mode, profiles, placements and GPU
+(:mod:`dra_driver.devices.fake.migstate`). This module has MIG mode, profiles, placements and GPU
 instances; :mod:`dra_driver.devices.fake.fakemigdev` builds on it with compute instances, MIG
 devices and processes, and is mixed into :class:`~dra_driver.devices.fake.fakenvml.FakeNvml`.
 
@@ -24,8 +24,8 @@ import ctypes
 import dataclasses
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dra_driver.devices import migstate, migtables, nvml
-from dra_driver.devices.fake import profiles
+from dra_driver.devices import migtables, nvml
+from dra_driver.devices.fake import migstate, profiles
 
 _GI_TOKEN, _CI_TOKEN = 0x6100_0000, 0x6200_0000  # handle "addresses": kind | pos | gi | ci
 
@@ -65,7 +65,7 @@ def _token(handle: object, kind: type[Any], base: int) -> int:
 
 
 class FakeMigFunctions:
-    """NVML's MIG functions over :class:`~dra_driver.devices.migstate.MigState`."""
+    """NVML's MIG functions over :class:`~dra_driver.devices.fake.migstate.MigState`."""
 
     profile: profiles.Profile
     mig_state: migstate.MigState

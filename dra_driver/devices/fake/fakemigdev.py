@@ -14,8 +14,8 @@ from __future__ import annotations
 import uuid as uuidlib
 from typing import Any
 
-from dra_driver.devices import migstate, nvml
-from dra_driver.devices.fake import fakemig
+from dra_driver.devices import nvml
+from dra_driver.devices.fake import fakemig, migstate
 
 _SLICES_BY_CI_SLOT = {slot: slices for slices, slot in nvml.CI_PROFILE_BY_SLICES.items()}
 _NO_INSTANCE = 0xFFFFFFFF  # what NVML reports as GPU/compute instance id outside MIG

@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import builtins
 import copy
+import random
+import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dra_driver.kube import api
 from dra_driver.kube.objects import KINDS, Kind
 from dra_driver.testing.fakeapi import eventlog, selectors, serverbits
-
-if TYPE_CHECKING:
-    from dra_driver.testing.fakeapi.memstate import ClusterState
 
 Obj = api.Obj
 Validator = Callable[[Obj], list[str]]
@@ -38,10 +37,28 @@ Admission = Callable[[str, Kind, Obj | None, Obj | None], None]
 _SCHEMA_VERSION = "1.36.0"
 
 
+class Cluster(Protocol):
+    """What the store shares with the cluster state (:class:`~.memstate.ClusterState`): one
+    lock, one resourceVersion counter, the call log and injected failures, input decoding."""
+
+    _lock: threading.Condition
+    _rv: int
+    _rng: random.Random
+
+    def _enter(self, method: str, name: str) -> None: ...
+    def _fail(self, method: str, name: str, status: int, message: str) -> api.ApiError: ...
+    def _ok(self, method: str, name: str, obj: Obj, status: int = 200) -> Obj: ...
+    def _record(self, method: str, name: str, status: int = 200) -> None: ...
+    def _decode_input(self, method: str, obj: Obj, kind: str) -> Obj: ...
+    def _new_meta(self, obj: Obj, *, keep_uid: bool = False) -> None: ...
+    def _next_rv(self) -> str: ...
+    def owner_uids(self) -> set[str]: ...
+
+
 class ObjectStore:
     """Objects by (kind, namespace, name); shares the cluster's lock and resourceVersion."""
 
-    def __init__(self, cluster: ClusterState) -> None:
+    def __init__(self, cluster: Cluster) -> None:
         """``cluster``: the :class:`~.memstate.ClusterState` (lock, counter, rng, faults)."""
         self._cluster = cluster
         self._lock = cluster._lock
