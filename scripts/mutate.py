@@ -61,7 +61,11 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "slices": (["dra_driver/slices/*"], ["tests/slices", "tests/fakeapi/test_admission.py"]),
     "placement": (["dra_driver/allocation/placement.py"], ["tests/allocation"]),
     "schema": (
-        ["dra_driver/apimachinery/schema.py"],
+        [
+            "dra_driver/apimachinery/schema.py",
+            "dra_driver/apimachinery/strictdecode.py",
+            "dra_driver/apimachinery/rfc3339.py",
+        ],
         ["tests/apimachinery/test_schema.py", "tests/slices/test_validate.py", "tests/fakeapi"],
     ),
     "deviceplugin": (

@@ -5,9 +5,10 @@ One :class:`Watcher` per agent registers the published GPUs in an NVML event set
 (``nvmlEventSetCreate`` / ``nvmlDeviceRegisterEvents``) for critical XIDs, double-bit ECC errors
 and recovery-action changes, waits on it (``nvmlEventSetWait_v2``) in its own thread, and every
 ``poll_interval_s`` checks what has no event: pages pending retirement, row-remapping pending or
-failed, the NVLink fabric of GPUs that were in one, NVML's recovery-action field, and whether the
-GPU answers at all (``NVML_ERROR_GPU_IS_LOST`` from any call marks it lost). What it sees goes,
-classified by :mod:`.healthpolicy`, into the :class:`~.healthtracker.Tracker`.
+failed, the NVLink fabric of GPUs that were in one (those three are :mod:`.healthchecks`),
+NVML's recovery-action field, and whether the GPU answers at all (``NVML_ERROR_GPU_IS_LOST``
+from any call marks it lost). What it sees goes, classified by :mod:`.healthpolicy`, into the
+:class:`~.healthtracker.Tracker`.
 
 The NVML module is injected like everywhere else (:mod:`dra_driver.devices.nvml`): the real
 pynvml on a GPU node, :class:`~dra_driver.devices.fake.fakenvml.FakeNvml` on fake nodes, whose
@@ -18,7 +19,6 @@ concerns that device, one for the whole GPU concerns its MIG devices too (they i
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import threading
 import time
@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from dra_driver.devices import healthpolicy, healthtracker, model, nvml
+from dra_driver.devices import healthchecks, healthpolicy, healthtracker, model, nvml
 
 Observer = Callable[[str, str, str], None]  # (kind, xid or "", outcome)
 
@@ -282,9 +282,10 @@ class Watcher:
         try:
             if gpu.handle is None:
                 gpu.handle = self._api.nvmlDeviceGetHandleByUUID(gpu.spec.uuid)
-            found += self._check_pages(gpu.handle, passed)
-            found += self._check_remap(gpu.handle, passed)
-            found += self._check_fabric(gpu, passed)
+            found += healthchecks.retired_pages(self._api, self.policy, gpu.handle, passed)
+            found += healthchecks.remapped_rows(self._api, self.policy, gpu.handle, passed)
+            if gpu.spec.fabric:
+                found += healthchecks.fabric(self._api, self.policy, gpu.handle, passed)
             action = self._action(gpu, strict=True)
         except nvml.NVMLError_GpuIsLost as exc:
             gpu.lost = True
@@ -314,41 +315,6 @@ class Watcher:
         if recovering:
             for mig in gpu.spec.migs.values():
                 self.tracker.update(mig, reset=reset, explicit=explicit)
-
-    def _check_pages(self, handle: Any, passed: set[str]) -> list[healthpolicy.Finding]:
-        pending = self._optional("nvmlDeviceGetRetiredPagesPendingStatus", handle)
-        if pending is None:
-            return []
-        if int(pending) == nvml.NVML_FEATURE_ENABLED:
-            return [self.policy.pages_pending()]
-        passed.add(healthpolicy.PAGES)
-        return []
-
-    def _check_remap(self, handle: Any, passed: set[str]) -> list[healthpolicy.Finding]:
-        rows = self._optional("nvmlDeviceGetRemappedRows", handle)
-        if rows is None:
-            return []
-        _, _, pending, failure = (int(v) for v in rows)
-        if failure or pending:
-            return [self.policy.remap(failure=bool(failure))]
-        passed.add(healthpolicy.REMAP)
-        return []
-
-    def _check_fabric(self, gpu: _Gpu, passed: set[str]) -> list[healthpolicy.Finding]:
-        struct = nvml.c_nvmlGpuFabricInfoV_t
-        if not gpu.spec.fabric or struct is None:
-            return []
-        info = struct()
-        if self._optional("nvmlDeviceGetGpuFabricInfoV", gpu.handle, ctypes.pointer(info)) is None:
-            return []
-        state = nvml.FABRIC_STATES.get(int(info.state), "unknown")
-        route = (int(getattr(info, "healthMask", 0)) >> nvml.FABRIC_ROUTE_UNHEALTHY_SHIFT) & 0x3
-        if state != "completed":
-            return [self.policy.fabric(state)]
-        if route == nvml.FABRIC_ROUTE_UNHEALTHY_TRUE:
-            return [self.policy.fabric("route unhealthy")]
-        passed.add(healthpolicy.FABRIC)
-        return []
 
     def _action(self, gpu: _Gpu, *, strict: bool = False) -> int:
         """NVML's recovery action for the GPU (0 = none or not reported)."""

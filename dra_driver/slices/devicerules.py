@@ -1,14 +1,17 @@
-"""Validation rules for one device of a ResourceSlice, and the attribute-name rule slices and
-claims share.
+"""Validation rules for one device of a ResourceSlice, and the counter and set rules slices
+and claims share.
 
 Why it exists: a device entry carries most of a slice's API limits (name, attributes and
 capacities, semver values, taints, counters, binding conditions, per-device node selection);
 :mod:`dra_driver.slices.validate` applies them to every device and adds the slice-level rules.
 Each check mirrors a function of the Kubernetes v1.36 ``pkg/apis/resource/validation``
-(``validateDevice``, ``validateQualifiedName``, ``validateDeviceAttribute``,
-``validateDeviceTaint``, ...), named in the docstring or comment beside it: same checks, same
-order, same field paths and wording, so errors can be compared with the server's verdicts.
-Input is the decoded form (:func:`dra_driver.apimachinery.schema.decoded`: nulls are zero).
+(``validateDevice``, ``validateDeviceAttribute``, ``validateCounterSet``,
+``validateDeviceBindingParameters``, ...), named in the docstring or comment beside it: same
+checks, same order, same field paths and wording, so errors can be compared with the server's
+verdicts.
+Input is the decoded form (:func:`dra_driver.apimachinery.strictdecode.decoded`: nulls are
+zero). Attribute and capacity names are checked by :mod:`.attrnames`, taints by
+:mod:`.taintrules`.
 """
 
 from __future__ import annotations
@@ -17,24 +20,19 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.apimachinery import fielderrors, metarules, names, schema, semver
+from dra_driver.apimachinery import fielderrors, metarules, names, semver
 from dra_driver.apimachinery.fielderrors import FieldError
-from dra_driver.slices import requestpolicy
+from dra_driver.slices import attrnames, requestpolicy, taintrules
 
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
 MAX_DEVICES_SPECIAL = 64  # ...WithTaintsOrConsumesCounters (list attributes too, since 1.36)
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_ATTRIBUTE_VALUES = 48  # ResourceSliceMaxAttributeValuesPerDevice (list items counted)
-MAX_ID_LEN = 32  # DeviceMaxIDLength
-MAX_DOMAIN_LEN = 63  # DeviceMaxDomainLength
-MAX_KEY_LEN = MAX_DOMAIN_LEN + 1 + MAX_ID_LEN  # attributeAndCapacityMaxKeyLength
 MAX_VALUE_LEN = 64  # DeviceAttributeMaxValueLength
-MAX_TAINTS = 16  # DeviceTaintsMaxLength
 MAX_COUNTERS = 32  # ResourceSliceMaxCountersPerCounterSet / ...PerDeviceCounterConsumption
 MAX_CONSUMPTIONS = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
 MAX_BINDING_CONDITIONS = 4
 MAX_VALID_VALUES = requestpolicy.MAX_VALID_VALUES
-TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
 # DeviceAttribute's JSON fields and the Go field names the server prints the struct with.
 _ATTRIBUTE_FIELDS = {
     "int": "IntValue",
@@ -54,56 +52,6 @@ _PER_DEVICE_MSG = (
 )
 
 
-def qualified_name_errors(path: str, key: str, *, device: str | None = None) -> list[FieldError]:
-    """``validateQualifiedName``: an attribute or capacity name, ``identifier`` or
-    ``domain/identifier``; errors are reported on the map itself (``...attributes``).
-
-    Like the v1.36 server, a name with more than one ``/`` is not checked at all (upstream
-    marks this as a known gap to be closed with ratcheting), so it is accepted.
-    """
-    parts = key.split("/")
-    if len(parts) == 1:
-        return _c_identifier(path, parts[0], device)
-    if len(parts) != 2:
-        return []
-    domain, ident = parts
-    errors: list[FieldError] = []
-    if not domain:
-        errors.append(fielderrors.invalid(path, "", "the domain must not be empty", device=device))
-    else:
-        errors += metarules.driver_name(path, domain, device=device)
-    if not ident:
-        errors.append(fielderrors.invalid(path, "", "the name must not be empty", device=device))
-    else:
-        errors += _c_identifier(path, ident, device)
-    return errors
-
-
-def fully_qualified_name_errors(path: str, value: str) -> list[FieldError]:
-    """``validateFullyQualifiedName``: a qualified name that really has a domain."""
-    errors = qualified_name_errors(path, value)
-    if "/" not in value:
-        errors.append(
-            fielderrors.invalid(
-                path,
-                value,
-                "a fully qualified name must be a domain and a name separated by a slash",
-            )
-        )
-    return errors
-
-
-def _c_identifier(path: str, ident: str, device: str | None) -> list[FieldError]:
-    """``validateCIdentifier``: at most 32 characters and a C identifier (both reported)."""
-    errors: list[FieldError] = []
-    if len(ident) > MAX_ID_LEN:
-        errors.append(fielderrors.too_long(path, MAX_ID_LEN, device=device))
-    errors += [
-        fielderrors.invalid(path, ident, p, device=device) for p in names.c_identifier(ident)
-    ]
-    return errors
-
-
 def uses_special_limit(device: Mapping[str, Any]) -> bool:
     """``haveDeviceTaints || haveConsumesCounters`` (and list attributes): the device lowers
     the per-slice device limit to 64."""
@@ -113,15 +61,6 @@ def uses_special_limit(device: Mapping[str, Any]) -> bool:
         or device.get("consumesCounters")
         or any(k in (a or {}) for a in attrs for k in _LIST_KINDS)
     )
-
-
-def map_key_path(path: str, key: str) -> str:
-    """``fldPath.Key(truncateIfTooLong(key, 96))``: keys longer than a valid one are shown
-    shortened in the middle."""
-    if len(key) > MAX_KEY_LEN:
-        remaining = MAX_KEY_LEN - 3
-        key = key[: (remaining + 1) // 2] + "..." + key[len(key) - remaining // 2 :]
-    return f"{path}[{key}]"
 
 
 def device_errors(
@@ -161,15 +100,16 @@ def device_errors(
             )
         )
     for key, attr in attributes.items():  # validateMap(attributes, validateQualifiedName, ...)
-        errors += qualified_name_errors(f"{path}.attributes", key, device=dev)
-        errors += _attribute(map_key_path(f"{path}.attributes", key), attr, dev)
+        errors += attrnames.qualified_name_errors(f"{path}.attributes", key, device=dev)
+        errors += _attribute(attrnames.map_key_path(f"{path}.attributes", key), attr, dev)
     multi = device.get("allowMultipleAllocations") is True
     for key, cap in capacity.items():
-        errors += qualified_name_errors(f"{path}.capacity", key, device=dev)
-        errors += _capacity(map_key_path(f"{path}.capacity", key), cap, multi, dev)
+        errors += attrnames.qualified_name_errors(f"{path}.capacity", key, device=dev)
+        errors += _capacity(attrnames.map_key_path(f"{path}.capacity", key), cap, multi, dev)
     taints = device.get("taints") or []
-    if old is None or not same_taints(old.get("taints") or [], taints):  # unchanged: unchecked
-        errors += _taints(f"{path}.taints", taints, dev)
+    unchanged = old is not None and taintrules.same_taints(old.get("taints") or [], taints)
+    if not unchanged:  # an updated device's unchanged taints are not checked
+        errors += taintrules.taint_list_errors(f"{path}.taints", taints, dev)
     errors += _consumptions(f"{path}.consumesCounters", device.get("consumesCounters") or [], dev)
     errors += _node_selection(path, device, per_device, dev)
     errors += binding_errors(path, device, dev)
@@ -246,63 +186,6 @@ def _capacity(path: str, cap: Mapping[str, Any], multi: bool, dev: str | None) -
             )
         ]
     return requestpolicy.errors(f"{path}.requestPolicy", cap.get("value") or "0", policy, dev)
-
-
-def same_taints(old: list[Any], new: list[Any]) -> bool:
-    """``apiequality.Semantic.DeepEqual(oldDevice.Taints, device.Taints)``, the test
-    ``validateDevice`` uses to skip the taints of an updated device: a nil and an empty list
-    are equal, an unset key, value or effect is ``""``, and ``timeAdded`` values are equal when
-    they name the same instant (``metav1.Time``: ``a.UTC() == b.UTC()``, nanoseconds kept),
-    however they are spelled; an unset ``timeAdded`` equals only an unset one."""
-    return len(old) == len(new) and all(
-        _taint_fields(a) == _taint_fields(b) for a, b in zip(old, new, strict=True)
-    )
-
-
-def _taint_fields(taint: Any) -> tuple[str, str, str, int | str | None]:
-    taint = taint if isinstance(taint, Mapping) else {}
-    added = taint.get("timeAdded")
-    instant = None if added is None else schema.time_instant(added)
-    return (
-        taint.get("key") or "",
-        taint.get("value") or "",
-        taint.get("effect") or "",
-        added if added is not None and instant is None else instant,
-    )
-
-
-def _taints(path: str, taints: list[Any], dev: str | None) -> list[FieldError]:
-    """``validateSlice(taints, 16, validateDeviceTaint)``: too many short-circuits. Unlike pod
-    and node taints, device taints may repeat a key and effect (a slice, not a set)."""
-    if len(taints) > MAX_TAINTS:
-        return [fielderrors.too_many(path, len(taints), MAX_TAINTS, device=dev)]
-    errors: list[FieldError] = []
-    for i, taint in enumerate(taints):
-        errors += taint_errors(f"{path}[{i}]", taint, dev)
-    return errors
-
-
-def taint_errors(path: str, taint: Mapping[str, Any], dev: str | None = None) -> list[FieldError]:
-    """``validateDeviceTaint(taint, nil, ...)``: the key is a label name
-    (``metav1validation.ValidateLabelName``: an empty key fails that check twice, there is no
-    separate "required"), a non-empty value is a label value (``IsValidLabelValue``), the
-    effect is required and one of ``validDeviceTaintEffects`` (``None``, ``NoSchedule``,
-    ``NoExecute``; no ``PreferNoSchedule``). ``timeAdded`` is not validated: any time that
-    decodes is accepted (see :func:`dra_driver.apimachinery.schema.time_instant`). A slice
-    passes no old taint, so the effect is checked on create and update alike (only a
-    DeviceTaintRule update skips an unchanged effect); gates play no part here."""
-    errors = metarules.label_name(f"{path}.key", taint.get("key") or "", device=dev)
-    value = taint.get("value") or ""
-    if value:
-        errors += metarules.label_value(f"{path}.value", value, device=dev)
-    effect = taint.get("effect") or ""
-    if not effect:
-        errors.append(fielderrors.required(f"{path}.effect", device=dev))
-    elif effect not in TAINT_EFFECTS:
-        errors.append(
-            fielderrors.not_supported(f"{path}.effect", effect, TAINT_EFFECTS, device=dev)
-        )
-    return errors
 
 
 def _consumptions(path: str, consumes: list[Any], dev: str | None) -> list[FieldError]:

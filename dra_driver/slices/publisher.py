@@ -8,26 +8,22 @@ periodic resync), and write **nothing** when nothing changed. The pool generatio
 per change of content (a write that failed and is retried keeps the generation it chose) so the
 scheduler never mixes old and new slices. Failures are retried with capped exponential backoff
 and jitter (clock, sleep and randomness injectable for tests); a 409 re-reads and retries at
-once; each failure is logged once per backoff step, naming the slice.
-
-The watch re-lists when the server says its resourceVersion is too old (HTTP 410, as the
-status of the request or in an ERROR event), and is re-opened at once where it was when its
-connection died (the API client ends a watch that stays silent past the time the server
-promised to end it). ``on_pass`` / ``on_watch`` report each reconcile / watch (readiness).
+once; each failure is logged once per backoff step, naming the slice. The watch that notices
+slices changed or deleted by someone else is the publisher's other half, in
+:mod:`.slicewatch`. ``on_pass`` / ``on_watch`` report each reconcile / watch (readiness).
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from dra_driver import logs
 from dra_driver.devices import migprofiles, model
 from dra_driver.kube import api
-from dra_driver.slices import build, compare, shares, validate
+from dra_driver.slices import build, compare, shares, slicewatch, validate
 from dra_driver.slices.pubtypes import Backoff, Log, Outcome, PublishError
 
 __all__ = ["Backoff", "Log", "Outcome", "PublishError", "Publisher", "start_node_publisher"]
@@ -35,7 +31,7 @@ __all__ = ["Backoff", "Log", "Outcome", "PublishError", "Publisher", "start_node
 CONFLICT_RETRIES = 3
 
 
-class Publisher:
+class Publisher(slicewatch.SliceWatch):
     """Reconciles one node's slices of one driver; :meth:`run` in a thread, stop by event."""
 
     def __init__(
@@ -313,98 +309,6 @@ class Publisher:
                     }
                 ],
             )
-
-    # ------------------------------------------------------------------ watch
-    def _watch_loop(self) -> None:
-        """Wake the reconcile loop when someone else changes or deletes one of our slices."""
-        failures = Backoff(initial_s=0.2, max_s=30.0)
-        while not self._stop.is_set():
-            start = self._watch_from
-            if start is None:
-                self._stop.wait(0.05)
-                continue
-            began = time.monotonic()
-            opened = False
-            try:
-                events = self._api.watch_resource_slices(
-                    driver=self.driver_name,
-                    node_name=self.node_name,
-                    resource_version=start,
-                    timeout_s=self._watch_timeout_s,
-                )
-                opened = True
-                self._tell(self._on_watch, True)
-                self._reconnected()
-                try:
-                    for event in events:
-                        if self._stop.is_set():
-                            return
-                        if not self._handle(event):
-                            break
-                finally:  # a generator left open could hold what the API holds for it
-                    close = getattr(events, "close", None)
-                    if close is not None:
-                        close()
-                lasted = time.monotonic() - began
-                if lasted < 0.9 * self._watch_timeout_s and not self._stop.is_set():
-                    self._outage = True  # ended by the server early (a restart?)
-                if lasted < min(1.0, self._watch_timeout_s / 2):
-                    self._stop.wait(failures.next_delay())  # a server ending watches at once
-                else:
-                    failures.reset()
-            except api.ApiError as exc:
-                if self._stop.is_set():
-                    return
-                expired = exc.status == 410 or exc.reason in ("Expired", "Gone")
-                if expired:  # our resourceVersion is gone: only a fresh list can go on
-                    self._relist()
-                else:  # refused, or broke off: not watching (readiness counts from now)
-                    self._tell(self._on_watch, False)
-                    self._outage = True
-                if opened and time.monotonic() - began >= min(1.0, self._watch_timeout_s / 2):
-                    failures.reset()  # a watch that ran a while and broke: re-open it at once
-                self.log.warning(
-                    "watch of ResourceSlices failed",
-                    error=str(exc),
-                    status=exc.status,
-                    relist=expired,
-                )
-                self._stop.wait(failures.next_delay())
-
-    def _relist(self) -> None:
-        """Forget the watch position; the next reconcile lists afresh and the watch resumes
-        from that list's resourceVersion."""
-        self._watch_from = None
-        self.synced.clear()
-        self._wake.set()
-
-    def _handle(self, event: api.WatchEvent) -> bool:
-        """Process one event; False = restart the watch from a fresh list."""
-        meta = event.object.get("metadata") or {}
-        if event.type == "ERROR":  # 410 Expired/Gone, or anything else: start from a list
-            self.log.info(
-                "watch of ResourceSlices ended with an error; re-listing",
-                code=event.object.get("code"),
-                reason=event.object.get("reason"),
-            )
-            self._relist()
-            return False
-        rv = str(meta.get("resourceVersion") or "")
-        if rv:
-            self._watch_from = rv
-        name = str(meta.get("name") or "")
-        if event.type == "BOOKMARK":
-            return True
-        with self._lock:
-            wanted = {s["metadata"]["name"] for s in self._desired or ()}
-        if event.type == "DELETED":
-            ours = name not in wanted and name not in self._known
-        else:
-            ours = self._known.get(name) == rv
-        if not ours:
-            self.synced.clear()
-            self._wake.set()
-        return True
 
 
 def start_node_publisher(

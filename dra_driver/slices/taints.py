@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dra_driver.devices import health, migprofiles, model
-from dra_driver.slices import build, devicerules
+from dra_driver.slices import build, taintrules
 
 Obj = dict[str, Any]
 UUID_ATTRIBUTES = ("uuid", "parentUUID", "uuids")
@@ -47,7 +47,7 @@ def taints_for(conditions: Iterable[health.Condition], driver_name: str) -> list
     unique = {(f"{driver_name}/{c.kind}", c.value, c.effect) for c in conditions}
     ordered = sorted(unique, key=lambda t: (_STRENGTH.get(t[2], 2), t[0], t[1]))
     out: list[Obj] = []
-    for key, value, effect in ordered[: devicerules.MAX_TAINTS]:
+    for key, value, effect in ordered[: taintrules.MAX_TAINTS]:
         taint: Obj = {"key": key}
         if value:
             taint["value"] = value

@@ -6,7 +6,7 @@ a bad slice is caught with an error that names the device, the field and the rul
 in-memory API runs it so tests see the server's verdicts. Field paths and error kinds follow the
 server's messages (``spec.devices[0].attributes[driverVersion].version: Invalid value: ...``):
 each rule mirrors the Kubernetes v1.36 ``pkg/apis/resource/validation`` function named beside
-it, after the strict JSON decoding of :mod:`dra_driver.apimachinery.schema`; tests hold it to
+it, after the strict JSON decoding of :mod:`dra_driver.apimachinery.strictdecode`; tests hold it to
 the recorded verdicts of a real kube-apiserver and to cases of their own. Limits: contracts.md §5.
 """
 
@@ -15,21 +15,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.apimachinery import fielderrors, metarules, names, schema
+from dra_driver.apimachinery import fielderrors, metarules, names, strictdecode
 from dra_driver.apimachinery.fielderrors import FieldError
-from dra_driver.slices import devicerules
+from dra_driver.slices import attrnames, devicerules, taintrules
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
 
 MAX_POOL_NAME_LEN = 253  # PoolNameMaxLength
 MAX_COUNTER_SETS = 8  # ResourceSliceMaxCounterSets
-# Per-device limits and helpers live in devicerules; re-exported for callers of this module.
+# Per-device limits and helpers live in devicerules, attrnames and taintrules; re-exported for
+# callers of this module.
 MAX_DEVICES = devicerules.MAX_DEVICES
 MAX_DEVICES_SPECIAL = devicerules.MAX_DEVICES_SPECIAL
-TAINT_EFFECTS = devicerules.TAINT_EFFECTS
+TAINT_EFFECTS = taintrules.TAINT_EFFECTS
 uses_special_limit = devicerules.uses_special_limit
-qualified_name_errors = devicerules.qualified_name_errors
+qualified_name_errors = attrnames.qualified_name_errors
 _NODE_SELECTION_MSG = (
     "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"
 )
@@ -62,11 +63,11 @@ def validate(obj: Mapping[str, Any]) -> list[FieldError]:
 def validate_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[FieldError]:
     """``ValidateResourceSliceUpdate``: ``new`` as a replacement of ``old`` (driver, pool name
     and node name are immutable; devices whose taints did not change keep them unchecked)."""
-    return _validate(new, schema.decoded(KIND, dict(old)))
+    return _validate(new, strictdecode.decoded(KIND, dict(old)))
 
 
 def _decoding(obj: Mapping[str, Any]) -> list[FieldError]:
-    decoding = schema.decode_errors(KIND, dict(obj))
+    decoding = strictdecode.decode_errors(KIND, dict(obj))
     for key, want in (("apiVersion", API_VERSION), ("kind", KIND)):
         if obj.get(key) not in (None, "", want):
             decoding.append(fielderrors.decode(key, f"{key} {obj.get(key)!r} is not {want!r}"))
@@ -77,7 +78,7 @@ def _validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[Fie
     decoding = _decoding(obj)
     if decoding:
         return decoding
-    new = schema.decoded(KIND, dict(obj))
+    new = strictdecode.decoded(KIND, dict(obj))
     errors = validate_metadata(new.get("metadata") or {})
     return errors + _spec(new.get("spec") or {}, None if old is None else old.get("spec") or {})
 

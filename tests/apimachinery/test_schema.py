@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from dra_driver.apimachinery import fielderrors, schema
+from dra_driver.apimachinery import fielderrors, rfc3339, schema, strictdecode
 
 # The Kubernetes 1.36 JSON schemas shipped by the kubernetes-validate dev dependency.
 SCHEMAS_136 = os.path.join(
@@ -82,7 +82,7 @@ def slice_obj(**spec: Any) -> dict[str, Any]:
 
 
 def decode(obj: dict[str, Any]) -> list[str]:
-    return [e.detail for e in schema.decode_errors("ResourceSlice", obj)]
+    return [e.detail for e in strictdecode.decode_errors("ResourceSlice", obj)]
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_quantity_rejects_what_parse_quantity_rejects(value: Any) -> None:
 
 def test_a_quantity_given_as_a_number_is_stored_as_a_string() -> None:
     device = {"name": "gpu-0", "capacity": {"memory": {"value": 80}}}
-    stored = schema.storage_form("ResourceSlice", slice_obj(devices=[device]))
+    stored = strictdecode.storage_form("ResourceSlice", slice_obj(devices=[device]))
     assert stored["spec"]["devices"][0]["capacity"]["memory"]["value"] == "80"
 
 
@@ -188,7 +188,7 @@ def test_bool_fields_reject_strings_and_lists_reject_objects() -> None:
 
 def test_a_type_error_comes_alone_and_the_first_one_wins_over_unknown_fields() -> None:
     obj = slice_obj(pool={"name": 1, "generation": "x"}, extra=True)
-    (only,) = schema.decode_errors("ResourceSlice", obj)
+    (only,) = strictdecode.decode_errors("ResourceSlice", obj)
     assert only.path == "spec.pool.name" and only.status == 400
     status, message = fielderrors.status_message("ResourceSlice", "x", [only])
     assert status == 400 and "strict decoding error" not in message
@@ -199,7 +199,7 @@ def test_unknown_fields_are_all_reported_together() -> None:
     obj["spec"]["devices"][0]["basic"] = {}
     assert decode(obj) == ['unknown field "spec.devices[0].basic"', 'unknown field "spec.extra"']
     _, message = fielderrors.status_message(
-        "ResourceSlice", "x", schema.decode_errors("ResourceSlice", obj)
+        "ResourceSlice", "x", strictdecode.decode_errors("ResourceSlice", obj)
     )
     assert message.endswith(
         'strict decoding error: unknown field "spec.devices[0].basic", unknown field "spec.extra"'
@@ -236,14 +236,14 @@ def test_a_time_that_is_not_a_string_fails_like_go() -> None:
 def test_null_is_the_zero_value_everywhere() -> None:
     obj = slice_obj(devices=[None, {"name": None, "attributes": {"a": None}}], allNodes=None)
     assert decode(obj) == []
-    spec = schema.decoded("ResourceSlice", obj)["spec"]
+    spec = strictdecode.decoded("ResourceSlice", obj)["spec"]
     assert spec["devices"] == [{}, {"attributes": {"a": {}}}]
     assert "allNodes" not in spec
 
 
 def test_empty_lists_survive_decoding_for_validation() -> None:
     device = {"name": "gpu-0", "attributes": {"l": {"ints": []}}}
-    spec = schema.decoded("ResourceSlice", slice_obj(devices=[device]))["spec"]
+    spec = strictdecode.decoded("ResourceSlice", slice_obj(devices=[device]))["spec"]
     assert spec["devices"][0]["attributes"]["l"] == {"ints": []}
 
 
@@ -267,12 +267,12 @@ def test_storage_form_drops_empty_fields_but_keeps_free_json() -> None:
         "spec": {"devices": [], "driver": "d", "pool": {"name": "p", "generation": 0}},
         "metadata": {"name": "x", "labels": {}},
     }
-    assert schema.storage_form("ResourceSlice", obj) == {
+    assert strictdecode.storage_form("ResourceSlice", obj) == {
         "spec": {"driver": "d", "pool": {"name": "p", "generation": 0}},
         "metadata": {"name": "x"},
     }
     cls = {"spec": {"config": [{"opaque": {"driver": "d", "parameters": {}}}]}}
-    assert schema.storage_form("DeviceClass", cls) == cls
+    assert strictdecode.storage_form("DeviceClass", cls) == cls
 
 
 def test_maps_take_only_objects_and_their_values_are_decoded_with_their_struct() -> None:
@@ -282,7 +282,7 @@ def test_maps_take_only_objects_and_their_values_are_decoded_with_their_struct()
         " of type map[string]v1.DeviceAttribute"
     ]
     device = {"name": "gpu-0", "attributes": {"a": {"int": "1"}}}
-    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    (error,) = strictdecode.decode_errors("ResourceSlice", slice_obj(devices=[device]))
     assert error.path == "spec.devices[0].attributes[a].int"
     assert error.detail == (
         "json: cannot unmarshal string into Go struct field DeviceAttribute"
@@ -300,26 +300,26 @@ def test_maps_take_only_objects_and_their_values_are_decoded_with_their_struct()
 
 def test_decode_error_paths_name_the_field() -> None:
     device = {"name": "gpu-0", "taints": [{"key": "k", "effect": "None", "timeAdded": "x"}]}
-    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    (error,) = strictdecode.decode_errors("ResourceSlice", slice_obj(devices=[device]))
     assert error.path == "spec.devices[0].taints[0].timeAdded"
     assert error.detail.startswith('parsing time "x" as "2006-01-02T15:04:05Z07:00"')
     device["taints"][0]["timeAdded"] = 7
-    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    (error,) = strictdecode.decode_errors("ResourceSlice", slice_obj(devices=[device]))
     assert error.path == "spec.devices[0].taints[0].timeAdded"
     obj = slice_obj()
     obj["spec"]["pool"]["extra"] = 1
-    (error,) = schema.decode_errors("ResourceSlice", obj)
+    (error,) = strictdecode.decode_errors("ResourceSlice", obj)
     assert (error.path, error.status) == ("spec.pool.extra", 400)
-    (error,) = schema.decode_errors("ResourceSlice", ["not", "an", "object"])
+    (error,) = strictdecode.decode_errors("ResourceSlice", ["not", "an", "object"])
     assert (error.path, error.detail) == ("", "expected a JSON object for ResourceSlice")
 
 
 def test_a_quantity_error_quotes_the_reason_only() -> None:
     device = {"name": "gpu-0", "capacity": {"memory": {"value": "a: b"}}}
-    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    (error,) = strictdecode.decode_errors("ResourceSlice", slice_obj(devices=[device]))
     assert error.detail.startswith("quantities must match the regular expression")
     device["capacity"]["memory"]["value"] = "Ei"
-    (error,) = schema.decode_errors("ResourceSlice", slice_obj(devices=[device]))
+    (error,) = strictdecode.decode_errors("ResourceSlice", slice_obj(devices=[device]))
     assert error.detail.startswith("unable to parse numeric part of quantity")
 
 
@@ -376,19 +376,19 @@ def test_times_are_read_like_gos_general_rfc3339_parser(value: str, ok: bool) ->
 
 
 def test_time_instant_is_the_same_for_every_spelling_of_a_time() -> None:
-    utc = schema.time_instant("2026-11-22T00:00:00Z")
+    utc = rfc3339.time_instant("2026-11-22T00:00:00Z")
     assert utc == 1_795_305_600 * 10**9
-    assert schema.time_instant("2026-11-22T05:30:00+05:30") == utc
-    assert schema.time_instant("2026-11-23T00:00:00+24:00") == utc
-    assert schema.time_instant("2026-11-22T00:00:00.000Z") == utc
-    assert schema.time_instant("2026-11-22T00:00:00,000000001Z") == utc + 1
-    assert schema.time_instant("2026-11-22T00:00:00.0000000019Z") == utc + 1  # truncated
-    assert schema.time_instant("1970-01-01T00:00:00Z") == 0
+    assert rfc3339.time_instant("2026-11-22T05:30:00+05:30") == utc
+    assert rfc3339.time_instant("2026-11-23T00:00:00+24:00") == utc
+    assert rfc3339.time_instant("2026-11-22T00:00:00.000Z") == utc
+    assert rfc3339.time_instant("2026-11-22T00:00:00,000000001Z") == utc + 1
+    assert rfc3339.time_instant("2026-11-22T00:00:00.0000000019Z") == utc + 1  # truncated
+    assert rfc3339.time_instant("1970-01-01T00:00:00Z") == 0
     # 366 days (year 0 is a leap year) from 0000-01-01 to the Go zero time 0001-01-01
-    zero = schema.time_instant("0001-01-01T00:00:00Z")
+    zero = rfc3339.time_instant("0001-01-01T00:00:00Z")
     assert zero == -62_135_596_800 * 10**9
-    assert schema.time_instant("0000-01-01T00:00:00Z") == zero - 366 * 86_400 * 10**9
-    assert schema.time_instant("2026-02-30T00:00:00Z") is None
+    assert rfc3339.time_instant("0000-01-01T00:00:00Z") == zero - 366 * 86_400 * 10**9
+    assert rfc3339.time_instant("2026-02-30T00:00:00Z") is None
 
 
 def test_null_list_items_and_map_values_are_zero_values_of_their_type() -> None:
@@ -398,7 +398,7 @@ def test_null_list_items_and_map_values_are_zero_values_of_their_type() -> None:
         "attributes": {"i": {"ints": [None]}, "b": {"bools": [None]}, "s": {"strings": [None]}},
         "consumesCounters": [{"counterSet": "s", "counters": {"c": None}}],
     }
-    spec = schema.decoded("ResourceSlice", slice_obj(devices=[device]))["spec"]
+    spec = strictdecode.decoded("ResourceSlice", slice_obj(devices=[device]))["spec"]
     got = spec["devices"][0]
     assert got["bindingConditions"] == [""]
     assert got["attributes"] == {
@@ -410,14 +410,14 @@ def test_null_list_items_and_map_values_are_zero_values_of_their_type() -> None:
     claim = {
         "spec": {"devices": {"requests": [{"exactly": {"capacity": {"requests": {"m": None}}}}]}}
     }
-    requests = schema.decoded("ResourceClaim", claim)["spec"]["devices"]["requests"]
+    requests = strictdecode.decoded("ResourceClaim", claim)["spec"]["devices"]["requests"]
     assert requests[0]["exactly"]["capacity"]["requests"] == {"m": "0"}
 
 
 def test_storage_form_prunes_inside_lists_and_maps() -> None:
     obj = slice_obj(devices=[{"name": "gpu-0", "taints": [], "attributes": {"a": {"int": 1}}}])
     obj["spec"]["devices"].append({"name": "gpu-1", "capacity": {"m": {"value": 80}}})
-    stored = schema.storage_form("ResourceSlice", obj)
+    stored = strictdecode.storage_form("ResourceSlice", obj)
     assert stored["spec"]["devices"] == [
         {"name": "gpu-0", "attributes": {"a": {"int": 1}}},
         {"name": "gpu-1", "capacity": {"m": {"value": "80"}}},
@@ -436,7 +436,7 @@ def test_mismatches_of_lists_maps_and_structs_name_the_field_and_the_json_type()
         (slice_obj(pool="n1"), "spec.pool", "string", "v1.ResourcePool"),
     ]
     for obj, path, got, go_type in cases:
-        (error,) = schema.decode_errors("ResourceSlice", obj)
+        (error,) = strictdecode.decode_errors("ResourceSlice", obj)
         assert error.path == path
         assert error.detail.startswith(f"json: cannot unmarshal {got} into Go struct field ")
         assert error.detail.endswith(f" of type {go_type}")
@@ -450,8 +450,8 @@ def test_minutes_are_range_checked() -> None:
 
 def test_storage_trims_quantities_and_keeps_free_json_whole() -> None:
     device = {"name": "gpu-0", "capacity": {"memory": {"value": " 80Gi "}}}
-    stored = schema.storage_form("ResourceSlice", slice_obj(devices=[device]))
+    stored = strictdecode.storage_form("ResourceSlice", slice_obj(devices=[device]))
     assert stored["spec"]["devices"][0]["capacity"]["memory"]["value"] == "80Gi"
     params = {"a": {}, "b": [], "c": None, "d": {"e": []}}
     cls = {"spec": {"config": [{"opaque": {"driver": "d", "parameters": params}}]}}
-    assert schema.storage_form("DeviceClass", cls) == cls
+    assert strictdecode.storage_form("DeviceClass", cls) == cls

@@ -169,9 +169,9 @@ def test_every_nvml_call_of_the_watcher_exists_alike_in_pynvml_and_the_stand_in(
     import re
     from pathlib import Path
 
-    from dra_driver.devices import watcher
+    from dra_driver.devices import healthchecks, watcher
 
-    source = Path(watcher.__file__).read_text()
+    source = "".join(Path(m.__file__).read_text() for m in (watcher, healthchecks))
     called = {a or b for a, b in re.findall(r"_api\.(nvml[A-Z]\w+)\(|\"(nvml[A-Z]\w+)\"", source)}
     assert {"nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2"} <= called
     for name in sorted(called):

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.testing.fakeapi import discovery, fakeserver
+from dra_driver.testing.fakeapi import discovery, fakeserver, resthandler
 
 Obj = dict[str, Any]
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -59,7 +59,7 @@ def test_group_discovery_lists_the_served_versions_preferred_first() -> None:
                 "preferredVersion": {"groupVersion": "resource.k8s.io/v1", "version": "v1"},
             },
         )
-        assert _call(server, "GET", "/version") == (200, fakeserver.VERSION)
+        assert _call(server, "GET", "/version") == (200, resthandler.VERSION)
     with fakeserver.FakeApiServer(served_versions=("v1beta1", "v1beta2")) as server:
         status, group = _call(server, "GET", "/apis/resource.k8s.io/")
         assert status == 200

@@ -13,7 +13,7 @@ import pytest
 from dra_driver.apimachinery import names
 from dra_driver.kube import client, features
 from dra_driver.slices import validate
-from dra_driver.testing.fakeapi import fakeserver
+from dra_driver.testing.fakeapi import fakeserver, resthandler
 
 Connect = Callable[..., tuple[fakeserver.FakeApiServer, client.KubeClient]]
 ALL_KEPT = {"device_taints": True, "shared_counters": True, "consumable_capacity": True}
@@ -45,7 +45,7 @@ def test_all_gates_on_keeps_every_field(connect: Connect) -> None:
     _, kube = connect()
     found = features.probe(kube, "n1", "gpu.nvidia.com")
     assert _kept(found) == ALL_KEPT
-    assert found.server_version == fakeserver.VERSION["gitVersion"]
+    assert found.server_version == resthandler.VERSION["gitVersion"]
     assert found.served_versions == ("v1",) and found.preferred_version == "v1"
     assert found.v1_served and found.not_probed == ""
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dra_driver.kube import api
-from dra_driver.slices import publisher
+from dra_driver.slices import publisher, slicewatch
 from dra_driver.testing.fakeapi import memory
 
 from .test_publisher import DRIVER, Recorder, desired
@@ -109,7 +109,7 @@ def watch_loop(
     on_watch: Callable[[bool], None] | None = None,
 ) -> tuple[publisher.Publisher, ScriptedWatches, StopEvent, Recorder]:
     clock = Clock()
-    monkeypatch.setattr(publisher, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(slicewatch, "time", types.SimpleNamespace(monotonic=clock.monotonic))
     kube = ScriptedWatches(clock, steps)
     log = Recorder()
     pub = make(kube, log, watch_timeout_s=watch_timeout_s, on_watch=on_watch)
@@ -150,7 +150,7 @@ def test_without_a_position_the_watch_waits_for_the_first_list(
             return self.is_set()
 
     clock = Clock()
-    monkeypatch.setattr(publisher, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(slicewatch, "time", types.SimpleNamespace(monotonic=clock.monotonic))
     kube = ScriptedWatches(clock, [])
     pub = make(kube, Recorder())
     kube.pub = pub
@@ -250,7 +250,7 @@ def test_an_expired_watch_position_means_a_fresh_list(
 ) -> None:
     heard: list[bool] = []
     clock = Clock()
-    monkeypatch.setattr(publisher, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(slicewatch, "time", types.SimpleNamespace(monotonic=clock.monotonic))
     kube = ScriptedWatches(clock, [(0.0, [], ("refuse", error))])
     log = Recorder()
     pub = make(kube, log, on_watch=heard.append)
@@ -289,7 +289,7 @@ def test_an_error_event_relists(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_stopping_during_a_watch_ends_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
-    monkeypatch.setattr(publisher, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(slicewatch, "time", types.SimpleNamespace(monotonic=clock.monotonic))
     holder: list[publisher.Publisher] = []
 
     def stream() -> Iterator[api.WatchEvent]:

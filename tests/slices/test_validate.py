@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dra_driver.apimachinery import fielderrors
-from dra_driver.slices import devicerules, validate
+from dra_driver.slices import taintrules, validate
 
 from .conftest import Obj, slice_with
 
@@ -474,7 +474,7 @@ def test_a_changed_taint_list_is_checked_whole_on_update(change: Obj) -> None:
         fielderrors.not_supported(
             "spec.devices[0].taints[0].effect",
             "Later",
-            devicerules.TAINT_EFFECTS,
+            taintrules.TAINT_EFFECTS,
             device="gpu-0",
         )
     ]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dra_driver.apimachinery import names
-from dra_driver.slices import devicerules, validate
+from dra_driver.slices import attrnames, validate
 
 from .conftest import Obj, slice_with
 
@@ -480,26 +480,26 @@ def test_validate_metadata_of_a_namespaced_object() -> None:
 
 def test_long_keys_are_shortened_in_the_middle_beyond_96_characters() -> None:
     fits = "a" * 48 + "b" * 48
-    assert devicerules.map_key_path("p", fits) == f"p[{fits}]"
+    assert attrnames.map_key_path("p", fits) == f"p[{fits}]"
     key = "a" * 48 + "b" * 49
-    assert devicerules.map_key_path("p", key) == f"p[{'a' * 47}...{'b' * 46}]"
+    assert attrnames.map_key_path("p", key) == f"p[{'a' * 47}...{'b' * 46}]"
     key = "x" + "a" * 100 + "yz"
-    assert devicerules.map_key_path("p", key) == f"p[x{'a' * 46}...{'a' * 44}yz]"
-    assert devicerules.MAX_KEY_LEN == 96
+    assert attrnames.map_key_path("p", key) == f"p[x{'a' * 46}...{'a' * 44}yz]"
+    assert attrnames.MAX_KEY_LEN == 96
 
 
 def test_fully_qualified_names_need_a_domain() -> None:
-    assert devicerules.fully_qualified_name_errors("c.matchAttribute", "example.com/x") == []
-    assert [str(e) for e in devicerules.fully_qualified_name_errors("c.m", "model")] == [
+    assert attrnames.fully_qualified_name_errors("c.matchAttribute", "example.com/x") == []
+    assert [str(e) for e in attrnames.fully_qualified_name_errors("c.m", "model")] == [
         'c.m: Invalid value: "model": a fully qualified name must be a domain and a name '
         "separated by a slash"
     ]
-    assert [str(e) for e in devicerules.fully_qualified_name_errors("c.m", "9x")] == [
+    assert [str(e) for e in attrnames.fully_qualified_name_errors("c.m", "9x")] == [
         f'c.m: Invalid value: "9x": {names.c_identifier("9x")[0]}',
         'c.m: Invalid value: "9x": a fully qualified name must be a domain and a name '
         "separated by a slash",
     ]
-    assert [str(e) for e in devicerules.fully_qualified_name_errors("c.m", "/x")] == [
+    assert [str(e) for e in attrnames.fully_qualified_name_errors("c.m", "/x")] == [
         'c.m: Invalid value: "": the domain must not be empty'
     ]
 

@@ -6,7 +6,7 @@ fake that accepts what the real server refuses (or stores a claim without the se
 defaults) lets bugs through. Each rule mirrors the Kubernetes v1.36
 ``pkg/apis/resource/validation`` function named beside it (``validateDeviceRequest``,
 ``validateDeviceToleration``, ...), after the strict JSON decoding of
-:mod:`dra_driver.apimachinery.schema`; tests hold it to the recorded verdicts of a real
+:mod:`dra_driver.apimachinery.strictdecode`; tests hold it to the recorded verdicts of a real
 kube-apiserver (``../shared/reference/apiserver-verdicts``) and to cases of their own. CEL
 selectors are compiled with the allocator's compiler, so a selector the server rejects fails
 here too, with the expression in the message.
@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dra_driver.allocation import cel as cel_module
-from dra_driver.apimachinery import fielderrors, metarules, names, schema
+from dra_driver.apimachinery import fielderrors, metarules, names, strictdecode
 from dra_driver.apimachinery.fielderrors import FieldError
-from dra_driver.slices import devicerules
+from dra_driver.slices import attrnames, devicerules, taintrules
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 MAX_REQUESTS = 32
@@ -78,10 +78,10 @@ def validate_claim(
 ) -> list[FieldError]:
     """``ValidateResourceClaim`` (plus the strategy's admin-access check) on a defaulted
     claim; decode problems (400) alone when any."""
-    decoding = schema.decode_errors("ResourceClaim", dict(obj))
+    decoding = strictdecode.decode_errors("ResourceClaim", dict(obj))
     if decoding:
         return decoding
-    obj = schema.decoded("ResourceClaim", dict(obj))
+    obj = strictdecode.decoded("ResourceClaim", dict(obj))
     errors = metarules.object_meta(obj.get("metadata") or {}, namespaced=True)
     devices = (obj.get("spec") or {}).get("devices") or {}
     path = "spec.devices"
@@ -174,7 +174,7 @@ def _constraint(
     errors = _request_refs(f"{path}.requests", constraint.get("requests") or [], known)
     for field in ("matchAttribute", "distinctAttribute"):
         if constraint.get(field) is not None:
-            return errors + devicerules.fully_qualified_name_errors(
+            return errors + attrnames.fully_qualified_name_errors(
                 f"{path}.{field}", constraint[field]
             )
     errors.append(
@@ -189,10 +189,10 @@ def _constraint(
 
 def validate_device_class(obj: Mapping[str, Any], *, cel: CelCompiler | None) -> list[FieldError]:
     """``ValidateDeviceClass``; decode problems (400) alone when any."""
-    decoding = schema.decode_errors("DeviceClass", dict(obj))
+    decoding = strictdecode.decode_errors("DeviceClass", dict(obj))
     if decoding:
         return decoding
-    obj = schema.decoded("DeviceClass", dict(obj))
+    obj = strictdecode.decoded("DeviceClass", dict(obj))
     errors = metarules.object_meta(obj.get("metadata") or {}, namespaced=False)
     spec = obj.get("spec") or {}
     errors += _selectors("spec.selectors", spec.get("selectors") or [], cel)
@@ -214,7 +214,7 @@ def validate_device_class(obj: Mapping[str, Any], *, cel: CelCompiler | None) ->
 
 def fully_qualified_name_errors(path: str, value: str) -> list[FieldError]:
     """``validateFullyQualifiedName`` (``domain/identifier``, as constraints require)."""
-    return devicerules.fully_qualified_name_errors(path, value)
+    return attrnames.fully_qualified_name_errors(path, value)
 
 
 def _dns_label(path: str, value: str) -> list[FieldError]:
@@ -305,10 +305,8 @@ def _toleration(path: str, toleration: Mapping[str, Any]) -> list[FieldError]:
     else:
         errors.append(fielderrors.not_supported(f"{path}.operator", operator, TOLERATION_OPERATORS))
     effect = toleration.get("effect") or ""
-    if effect and effect not in devicerules.TAINT_EFFECTS:
-        errors.append(
-            fielderrors.not_supported(f"{path}.effect", effect, devicerules.TAINT_EFFECTS)
-        )
+    if effect and effect not in taintrules.TAINT_EFFECTS:
+        errors.append(fielderrors.not_supported(f"{path}.effect", effect, taintrules.TAINT_EFFECTS))
     return errors
 
 

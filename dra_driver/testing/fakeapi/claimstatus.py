@@ -37,7 +37,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.apimachinery import fielderrors, metarules, names, schema
+from dra_driver.apimachinery import fielderrors, metarules, names, strictdecode
 from dra_driver.apimachinery.fielderrors import FieldError
 
 Key = tuple[str, str, str, str | None]  # (driver, device, pool, shareID)
@@ -182,7 +182,7 @@ def _check_envelope(claim: Mapping[str, Any], patch: Any) -> None:
         raise ApplyError(
             400, "apiVersion and kind must be resource.k8s.io/v1 ResourceClaim in an apply patch"
         )
-    decode = schema.decode_errors("ResourceClaim", patch)
+    decode = strictdecode.decode_errors("ResourceClaim", patch)
     if decode:
         raise ApplyError(400, fielderrors.summary(decode))
     meta = patch.get("metadata") or {}

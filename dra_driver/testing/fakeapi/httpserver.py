@@ -1,10 +1,11 @@
 """The listening side of the fake API server: connections, TLS handshakes, idle cut-off.
 
-Why it exists apart from the request handling (:mod:`dra_driver.testing.fakeapi.fakeserver`): what a
-client's connection pool meets — kept-alive connections, TLS with a client certificate, the
-handshake on the connection's own thread (never holding up ``accept``), idle connections closed
-by the server after a while, and all of them dropped when the server stops — is one concern, and
-tests and benchmarks read its counters (connections accepted, TLS sessions resumed).
+Why it exists apart from the request handling (:mod:`dra_driver.testing.fakeapi.resthandler`):
+what a client's connection pool meets — kept-alive connections, TLS with a client certificate,
+the handshake on the connection's own thread (never holding up ``accept``), idle connections
+closed by the server after a while, and all of them dropped when the server stops — is one
+concern, and tests and benchmarks read its counters (connections accepted, TLS sessions
+resumed).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from dra_driver.apimachinery import schema
+from dra_driver.apimachinery import strictdecode
 from dra_driver.kube import api
 from dra_driver.slices import validate as slice_validate
 from dra_driver.testing.fakeapi import featuregates, memstate, serverbits
@@ -65,7 +65,7 @@ class InMemoryApi(memstate.ClusterState):
             if name in self._slices:
                 raise self._fail(method, name, 409, f'{_SLICES} "{name}" already exists')
             serverbits.fill_taint_times(new)
-            new = schema.storage_form("ResourceSlice", new)
+            new = strictdecode.storage_form("ResourceSlice", new)
             meta = new["metadata"]
             if dry_run:
                 meta.update(uid=str(uuid.uuid4()), creationTimestamp=serverbits.now(), generation=1)
@@ -91,7 +91,7 @@ class InMemoryApi(memstate.ClusterState):
             meta = new["metadata"]
             self._check(method, slice_validate.validate_update(old, new), "ResourceSlice", meta)
             serverbits.fill_taint_times(new, old)
-            new = schema.storage_form("ResourceSlice", new)
+            new = strictdecode.storage_form("ResourceSlice", new)
             meta = new["metadata"]
             for key in ("uid", "creationTimestamp", "generation"):
                 meta[key] = old["metadata"].get(key)
@@ -101,7 +101,8 @@ class InMemoryApi(memstate.ClusterState):
                 # The server bumps the generation by the spec it was sent, before dropping the
                 # fields of gates that are off: resending them is a write, not a no-op.
                 serverbits.fill_taint_times(sent, old)
-                changed = schema.storage_form("ResourceSlice", sent).get("spec") != old.get("spec")
+                sent_spec = strictdecode.storage_form("ResourceSlice", sent).get("spec")
+                changed = sent_spec != old.get("spec")
             if new == old and not changed:  # an update that changes nothing is a no-op
                 return self._ok(method, name, old)
             if changed:
@@ -208,7 +209,7 @@ class InMemoryApi(memstate.ClusterState):
         strict decoding (a malformed dropped field is still a 400), before validation."""
         if not self.disabled_gates:
             return new
-        errors = schema.decode_errors("ResourceSlice", new)
+        errors = strictdecode.decode_errors("ResourceSlice", new)
         self._check(method, errors, "ResourceSlice", new["metadata"])
         return featuregates.drop_disabled_fields(new, old, self.disabled_gates)
 

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from dra_driver.apimachinery import fielderrors, schema
+from dra_driver.apimachinery import fielderrors, strictdecode
 from dra_driver.kube import api
 from dra_driver.testing.fakeapi import (
     admission,
@@ -193,7 +193,7 @@ class ClusterState:
             if key in self._claims:
                 message = f'{_CLAIMS} "{key[1]}" already exists'
                 raise self._fail("create_resource_claim", key[1], 409, message)
-            new = schema.storage_form("ResourceClaim", new)
+            new = strictdecode.storage_form("ResourceClaim", new)
             self._new_meta(new)
             self._claims[key] = new
             return self._ok("create_resource_claim", key[1], new, 201)
@@ -213,7 +213,7 @@ class ClusterState:
                     409,
                     f'deviceclasses.resource.k8s.io "{name}" already exists',
                 )
-            new = schema.storage_form("DeviceClass", new)
+            new = strictdecode.storage_form("DeviceClass", new)
             self._new_meta(new)
             self._classes[name] = new
             return self._ok("create_device_class", name, new, 201)

@@ -1,6 +1,6 @@
 """The REST paths of the in-memory API's generic kinds (:mod:`.objects`).
 
-Why it exists apart from :mod:`.fakeserver`: the slice/claim/node routes there are hand-made for
+Why it exists apart from :mod:`.resthandler`: the slice/claim/node routes there are hand-made for
 the agent's hot path; every other kind is served the same generic way — collection and object
 paths, the status subresource, list or watch by selectors, ``dryRun``, DeleteOptions
 preconditions — and this module maps those requests onto the store's verbs.
