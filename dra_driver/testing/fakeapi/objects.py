@@ -31,10 +31,9 @@ from dra_driver.kube.objects import KINDS, Kind
 from dra_driver.testing.fakeapi import eventlog, selectors, serverbits
 
 Obj = api.Obj
-Validator = Callable[[Obj], list[str]]
+Validator = serverbits.Validator
 # (verb, kind, new object or None, old object or None) -> raise ApiError to refuse
 Admission = Callable[[str, Kind, Obj | None, Obj | None], None]
-_SCHEMA_VERSION = "1.36.0"
 
 
 class Cluster(Protocol):
@@ -193,7 +192,7 @@ class ObjectStore:
                 self._precondition(method, kind, old, meta["resourceVersion"], None)
             if kind.status:
                 patch.pop("status", None)
-            new = merge_patch(copy.deepcopy(old), patch)
+            new = serverbits.merge_patch(copy.deepcopy(old), patch)
             return self._replace(method, kind, old["metadata"].get("namespace") or "", old, new)
 
     def delete(
@@ -314,7 +313,7 @@ class ObjectStore:
         return new
 
     def _validate(self, method: str, kind: Kind, obj: Obj) -> None:
-        errors = _check(kind, obj, self._validators.get(kind))
+        errors = serverbits.schema_errors(kind, obj, self._validators.get(kind))
         if errors:
             name = obj["metadata"].get("name") or ""
             message = f'{kind.kind} "{name}" is invalid: ' + "; ".join(errors)
@@ -390,34 +389,3 @@ class ObjectStore:
 
     def _ok(self, method: str, name: str, obj: Obj, status: int = 200) -> Obj:
         return self._cluster._ok(method, name, obj, status)
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: ``null`` removes a key, objects merge, the rest replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    if not isinstance(target, dict):
-        target = {}
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        else:
-            target[key] = merge_patch(target.get(key), value)
-    return target
-
-
-def _check(kind: Kind, obj: Obj, validator: Validator | None) -> list[str]:
-    if validator is not None:
-        return validator(obj)
-    if kind.group.endswith(".nvidia.com"):
-        return []  # a custom kind without a registered schema: accepted as is
-    try:
-        import kubernetes_validate  # the strict 1.36 schemas (a dev dependency: test kit)
-    except ImportError:  # pragma: no cover - the kit runs with the dev dependencies
-        return []
-    try:
-        kubernetes_validate.validate(obj, _SCHEMA_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        where = ".".join(str(p) for p in exc.path) or "<root>"
-        return [f"{where}: {exc.message}"]
-    return []

@@ -3,18 +3,24 @@ the real client adapter.
 
 Why it exists: the HTTP status → port error mapping must be the same whether the error came
 from the fake or over the wire, and the bits of bookkeeping the server does on a write
-(``generateName`` suffixes, ``timeAdded`` on taints, the 409 messages, the field-selector match)
-are facts about the server, not about any one fake. Pure functions, no client library.
+(``generateName`` suffixes, ``timeAdded`` on taints, the 409 messages, the field-selector match,
+JSON merge patches, strict schema checks of generic kinds) are facts about the server, not about
+any one fake. Pure functions, no client library.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import random
-from collections.abc import Container
+from collections.abc import Callable, Container
 from typing import Any
 
-from dra_driver.kube import api
+from dra_driver.kube import api, objects
+
+# A custom kind's schema check (its CRD's openAPIV3Schema): the errors, none when valid.
+Validator = Callable[[api.Obj], list[str]]
+_SCHEMA_VERSION = "1.36.0"
 
 # What the server's generateName suffix draws from (no vowels, no confusable characters).
 NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
@@ -87,3 +93,34 @@ def slice_selected(obj: api.Obj, driver: str, node_name: str) -> bool:
     return (not driver or spec.get("driver") == driver) and (
         not node_name or spec.get("nodeName") == node_name
     )
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: ``null`` removes a key, objects merge, the rest replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if not isinstance(target, dict):
+        target = {}
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = merge_patch(target.get(key), value)
+    return target
+
+
+def schema_errors(kind: objects.Kind, obj: api.Obj, validator: Validator | None) -> list[str]:
+    if validator is not None:
+        return validator(obj)
+    if kind.group.endswith(".nvidia.com"):
+        return []  # a custom kind without a registered schema: accepted as is
+    try:
+        import kubernetes_validate  # the strict 1.36 schemas (a dev dependency: test kit)
+    except ImportError:  # pragma: no cover - the kit runs with the dev dependencies
+        return []
+    try:
+        kubernetes_validate.validate(obj, _SCHEMA_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        where = ".".join(str(p) for p in exc.path) or "<root>"
+        return [f"{where}: {exc.message}"]
+    return []
