@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint pytest system-deps proto clean chart e2e e2e-down faults mutate
+.PHONY: demo test lint pytest system-deps proto clean chart e2e e2e-down faults mutate gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ chart: $(STAMP)
 # The fault suite (docs/faults.md): a few minutes on 2 cores; `make test` runs its --quick form.
 faults: $(STAMP)
 	$(BIN)/python benchmarks/faults.py
+
+# The real-GPU checks (docs/gpu-check.md), not part of `make test`: on a node with NVIDIA GPUs,
+# discovery against nvidia-smi, the plugins with real NVML, a CUDA kernel behind a CDI spec.
+# Elsewhere every check is skipped with one reason line. Read-only: no GPU setting is changed.
+gpu-check: $(STAMP)
+	$(BIN)/pytest -q -m gpu tests/gpu
 
 # kind e2e: needs Docker, kind and kubectl (not available in CI). e2e-down deletes the cluster.
 e2e: $(STAMP)

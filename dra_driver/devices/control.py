@@ -9,7 +9,7 @@ The core talks to :class:`GpuControl` only, so the rules for when to apply and r
 Two implementations:
 
 * :class:`HostGpuControl` — the real card. The compute mode goes through NVML
-  (``nvmlDeviceSetComputeMode``; the NVML module is injected, only ``devices/nvml.py`` imports
+  (``nvmlDeviceSetComputeMode``; the NVML module is injected, only ``devices/nvmlapi.py`` imports
   pynvml). NVML has no bare-metal call for the time-slice (its scheduler setters are for vGPU
   hosts), so, as NVIDIA's own DRA driver does, it runs
   ``nvidia-smi compute-policy -i <uuid> --set-timeslice=<0..3>`` from the driver root.

@@ -4,9 +4,10 @@ Why it exists: dynamic MIG publishes a device per possible placement of every pr
 NVML on the node (``nvmlDeviceGetGpuInstanceProfileInfo`` per NVML_GPU_INSTANCE_PROFILE_* slot,
 ``nvmlDeviceGetGpuInstancePossiblePlacements_v2`` per profile — both answer whether or not MIG
 mode is on), and static MIG publishes the MIG devices that exist. Split from
-:mod:`dra_driver.devices.nvml` (whose backend calls in here, with its rules for absent facts:
+:mod:`dra_driver.devices.nvml` (whose backend calls in here, passing its rules for absent facts:
 ``optional`` answers None where the GPU or binding cannot, ``required`` raises) to keep each
-module small; it only reaches pynvml through that module's re-exports.
+module small. It stands below the backend: it reaches pynvml only through
+:mod:`dra_driver.devices.nvmlapi` and never imports :mod:`dra_driver.devices.nvml`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dra_driver import logs
-from dra_driver.devices import model, nvml
+from dra_driver.devices import model, nvmlapi
 
 _log = logs.get(__name__)
 Call = Callable[..., Any]
@@ -25,7 +26,7 @@ Call = Callable[..., Any]
 def read_profiles(optional: Call, handle: Any) -> tuple[model.MigProfile, ...]:
     """Every GPU instance profile NVML lists for the GPU, in slot order, with placements."""
     found: list[model.MigProfile] = []
-    for slot in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+    for slot in range(nvmlapi.NVML_GPU_INSTANCE_PROFILE_COUNT):
         info = optional("nvmlDeviceGetGpuInstanceProfileInfo", handle, slot)
         name = str(getattr(info, "name", "") or "").removeprefix("MIG ").strip()
         if info is None or not name:
@@ -56,7 +57,7 @@ def _placements(optional: Call, handle: Any, profile_id: int) -> tuple[tuple[int
     name = "nvmlDeviceGetGpuInstancePossiblePlacements"
     if optional(name, handle, profile_id, None, ctypes.pointer(count)) is None:
         return ()
-    array = (nvml.c_nvmlGpuInstancePlacement_t * max(1, count.value))()
+    array = (nvmlapi.c_nvmlGpuInstancePlacement_t * max(1, count.value))()
     if optional(name, handle, profile_id, array, ctypes.pointer(count)) is None:
         return ()
     return tuple(sorted((int(p.start), int(p.size)) for p in array[: count.value]))
@@ -81,9 +82,9 @@ def read_devices(
             continue  # no MIG device at this index
         try:
             found.append(_read_device(required, index, handle, mig, names, total))
-        except (nvml.NVMLError, nvml.Absent) as exc:
+        except (nvmlapi.NVMLError, nvmlapi.Absent) as exc:
             _log.warning(
-                "MIG device skipped", index=index, mig_index=slot, error=nvml.describe(exc)
+                "MIG device skipped", index=index, mig_index=slot, error=nvmlapi.describe(exc)
             )
     return tuple(
         sorted(found, key=lambda m: (m.placement_start, m.gpu_instance_id, m.compute_instance_id))
@@ -98,7 +99,7 @@ def _read_device(
     ci_id = int(required("nvmlDeviceGetComputeInstanceId", mig))
     gi = required("nvmlDeviceGetGpuInstanceById", parent, gi_id)
     info = required("nvmlGpuInstanceGetInfo", gi)
-    profile = names.get(int(info.profileId)) or nvml.mig_profile_name(
+    profile = names.get(int(info.profileId)) or nvmlapi.mig_profile_name(
         int(attrs.gpuInstanceSliceCount), int(attrs.memorySizeMB), total
     )
     return model.MigDevice(

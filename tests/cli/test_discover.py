@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,13 +21,14 @@ CUBE_MESH = [
 ]
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dra_driver", "--log-format", "json", "discover", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env=env,
     )
 
 
@@ -75,13 +77,19 @@ def test_unknown_profile_is_one_line_exit_2() -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_without_nvidia_driver_one_line_error_exit_2() -> None:
-    """This machine (and CI) has no libnvidia-ml: the real backend must say so plainly."""
-    proc = run()
+def test_without_nvidia_driver_one_line_error_exit_2(tmp_path: Path) -> None:
+    """A node without the NVIDIA driver, made here whatever this machine has: the real backend
+    is pointed at an NVML library that does not exist (``DRA_DRIVER_NVML_LIBRARY``, the seam of
+    :func:`dra_driver.devices.nvmlapi.load_library`) and must say so in one plain line."""
+    missing = tmp_path / "no-driver" / "libnvidia-ml.so.1"
+    env = {k: v for k, v in os.environ.items() if k not in ("FAKE_PROFILE", "FAKE_PROFILE_FILE")}
+    proc = run(env={**env, "DRA_DRIVER_NVML_LIBRARY": str(missing)})
     assert proc.returncode == 2, proc.stdout
+    assert proc.stdout == ""
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
-    assert "NVIDIA driver" in lines[0] and "--fake" in lines[0]
+    assert lines[0].startswith(f"dra-driver: error: NVML library {missing} not found: "), lines
+    assert "NVIDIA driver must be installed" in lines[0] and "--fake PROFILE" in lines[0]
     assert "Traceback" not in proc.stderr
 
 

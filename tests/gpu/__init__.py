@@ -1,0 +1,1 @@
+"""``make gpu-check``: the real-GPU path, on a node with NVIDIA GPUs (docs/gpu-check.md)."""
