@@ -2,16 +2,22 @@
 
 Why it exists: the scenarios read like the issue's list (apply a spec, wait for the pod, look at
 what its containers see), so the Kubernetes plumbing (dynamic client, polling, logs, exec) lives
-here once. Everything comes from ``KUBECONFIG``; nothing is cluster-specific.
+here once. Everything comes from ``KUBECONFIG``; nothing is cluster-specific: scenarios that need
+a particular node find it by its fake-profile label or by what its ResourceSlices publish, and
+skip (naming the profile and the chart value) where the cluster has none.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,7 +34,33 @@ WORKLOAD_IMAGE = os.environ.get("E2E_WORKLOAD_IMAGE", "")
 READY_MARK = "E2E-READY"
 PROFILE_LABEL = "dra-driver.example/fake-profile"
 MODE_LABEL = "gpu.nvidia.com/mode"
+NAMESPACE_LABEL = {"e2e": "dra-driver"}  # on every namespace the suite creates
+DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+_GPU_OF = re.compile(r"^(gpu-\d+)(?:-mig-|$)")  # gpu-3, gpu-3-mig-1g-10gb-0 -> gpu-3
 _T = TypeVar("_T")
+
+
+def load_spec(name: str) -> list[dict[str, Any]]:
+    """The objects of ``e2e/specs/<name>.yaml``, in file order."""
+    return [obj for obj in yaml.safe_load_all((SPECS / f"{name}.yaml").read_text()) if obj]
+
+
+def pin(obj: dict[str, Any], node: str) -> dict[str, Any]:
+    """``obj`` (a Pod) made to run on ``node`` only: a required node-affinity term on the node's
+    name, ANDed with whatever the spec already asks. Not ``spec.nodeName``, which would skip the
+    scheduler and so the allocation of the pod's claims."""
+    if obj["kind"] != "Pod":
+        return obj
+    field = {"key": "metadata.name", "operator": "In", "values": [node]}
+    required = (
+        obj["spec"]
+        .setdefault("affinity", {})
+        .setdefault("nodeAffinity", {})
+        .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": [{}]})
+    )
+    for term in required["nodeSelectorTerms"]:
+        term.setdefault("matchFields", []).append(field)
+    return obj
 
 
 class Unreachable(Exception):
@@ -70,15 +102,25 @@ class Cluster:
         obj = self.resource(api_version, kind).get(name=name, namespace=namespace)
         return obj.to_dict()
 
-    def apply_spec(self, name: str, namespace: str) -> list[dict[str, Any]]:
-        """Create every object of ``e2e/specs/<name>.yaml`` in ``namespace``."""
+    def apply_spec(
+        self, name: str, namespace: str, node: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Create every object of ``e2e/specs/<name>.yaml`` in ``namespace`` (its pods pinned
+        to ``node`` if given)."""
+        return self.create(load_spec(name), namespace, node=node)
+
+    def create(
+        self, objs: Iterable[dict[str, Any]], namespace: str, node: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Create ``objs`` in order in ``namespace``; pods run ``E2E_WORKLOAD_IMAGE`` if set
+        and only on ``node`` if given."""
         created = []
-        for obj in yaml.safe_load_all((SPECS / f"{name}.yaml").read_text()):
-            if not obj:
-                continue
+        for obj in objs:
             if obj["kind"] == "Pod" and WORKLOAD_IMAGE:
                 for c in obj["spec"]["containers"]:
                     c["image"] = WORKLOAD_IMAGE
+            if node is not None:
+                pin(obj, node)
             res = self.resource(obj["apiVersion"], obj["kind"])
             created.append(res.create(body=obj, namespace=namespace).to_dict())
         return created
@@ -87,7 +129,7 @@ class Cluster:
 
     def temp_namespace(self, prefix: str) -> Iterator[str]:
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-        self.core.create_namespace({"metadata": {"name": name, "labels": {"e2e": "dra-driver"}}})
+        self.core.create_namespace({"metadata": {"name": name, "labels": NAMESPACE_LABEL}})
         try:
             yield name
         finally:
@@ -137,11 +179,14 @@ class Cluster:
             return ""
 
     def seen(self, namespace: str, name: str, container: str) -> Seen:
-        """What one container saw: GPU device nodes and NVIDIA_* variables."""
-        lines = self.logs(namespace, name, container).split(READY_MARK)[0].split()
-        nodes = sorted(line for line in lines if line.startswith("nvidia"))
-        env = dict(line.split("=", 1) for line in lines if line.startswith("NVIDIA_"))
-        return Seen(nodes=nodes, env=env)
+        """What one container saw: GPU device nodes, NVIDIA_* and CUDA_MPS_* variables and
+        the JSON documents it printed (one per line, e.g. its claim metadata file)."""
+        lines = self.logs(namespace, name, container).split(READY_MARK)[0].splitlines()
+        words = [w for line in lines for w in line.split()]
+        nodes = sorted(w for w in words if re.fullmatch(r"nvidia\d+", w))
+        env = dict(w.split("=", 1) for w in words if w.startswith(("NVIDIA_", "CUDA_MPS_")))
+        docs = [json.loads(line) for line in lines if line.startswith("{")]
+        return Seen(nodes=nodes, env=env, documents=docs)
 
     def delete_pod(self, namespace: str, name: str, timeout: float = 120) -> None:
         self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
@@ -156,6 +201,70 @@ class Cluster:
             return None
 
         poll(gone, timeout, lambda: f"pod {namespace}/{name} still exists")
+
+    def wait_unschedulable(self, namespace: str, name: str, timeout: float = 90) -> dict[str, Any]:
+        """The pod once the scheduler has tried and failed to place it (PodScheduled False)."""
+
+        def unschedulable() -> dict[str, Any] | None:
+            pod = self.pod(namespace, name)
+            for cond in pod["status"].get("conditions") or []:
+                if cond["type"] == "PodScheduled" and cond["status"] == "False":
+                    return pod
+            assert not pod["spec"].get("nodeName"), f"{namespace}/{name} was scheduled"
+            return None
+
+        return poll(unschedulable, timeout, lambda: self.describe(namespace, name))
+
+    def settle(self, keep: str, timeout: float = 90) -> bool:
+        """Wait until the namespaces earlier tests left behind (deleted, not waited for) are
+        gone, so their claims no longer hold GPUs; False if some are still there at the end."""
+        selector = ",".join(f"{k}={v}" for k, v in NAMESPACE_LABEL.items())
+
+        def others() -> list[str]:
+            return [
+                n.metadata.name
+                for n in self.core.list_namespace(label_selector=selector).items
+                if n.metadata.name != keep
+            ]
+
+        deadline = time.monotonic() + timeout
+        while others():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(2)
+        return True
+
+    def run(
+        self,
+        namespace: str,
+        pod: str,
+        command: list[str],
+        *,
+        container: str | None = None,
+        timeout: float = 60,
+    ) -> Ran:
+        """Run ``command`` in a container: exit code, stdout and stderr apart."""
+        kwargs: dict[str, Any] = {"container": container} if container else {}
+        resp = stream(
+            self.core.connect_get_namespaced_pod_exec,
+            pod,
+            namespace,
+            command=command,
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+            _preload_content=False,
+            **kwargs,
+        )
+        try:
+            resp.run_forever(timeout=timeout)
+            if resp.is_open():
+                raise AssertionError(f"{' '.join(command)} in {namespace}/{pod}: over {timeout} s")
+            out, err = resp.read_stdout(timeout=0), resp.read_stderr(timeout=0)
+            return Ran(rc=int(resp.returncode), stdout=str(out or ""), stderr=str(err or ""))
+        finally:
+            resp.close()
 
     def exec(self, namespace: str, pod: str, command: list[str]) -> str:
         return str(
@@ -226,11 +335,110 @@ class Cluster:
                 cdi_root = env["value"]
         return self.exec(AGENT_NAMESPACE, agent["metadata"]["name"], ["ls", cdi_root])
 
+    def wait_cdi_spec(
+        self, node: str, claim_uid: str, *, present: bool, timeout: float = 90
+    ) -> None:
+        """Until the node's CDI directory has (or no longer has) the claim's spec: our spec
+        files are named after the claim's UID, so this is "prepared" / "unprepared"."""
+        state = "present" if present else "gone"
+        poll(
+            lambda: True if (claim_uid in self.cdi_specs(node)) == present else None,
+            timeout,
+            lambda: f"CDI spec of claim {claim_uid} on {node} should be {state}",
+        )
+
+    def agent_run(self, node: str, command: list[str], component: str = "kubelet-plugin") -> Ran:
+        """``command`` in the node's agent pod, which fails the test unless it exits 0."""
+        agent = self.agent_pod(node, component=component)
+        ran = self.run(AGENT_NAMESPACE, agent["metadata"]["name"], command)
+        assert ran.rc == 0, f"{' '.join(command)} on {node}: exit {ran.rc}: {ran.stderr}"
+        return ran
+
+    def plugin_dir(self, node: str) -> str:
+        """The DRA agent's own directory, ``<KUBELET_PLUGINS_DIR>/<DRIVER_NAME>``, as its pod
+        (and the host: the chart mounts it at the same path) sees it."""
+        env = agent_env(self.agent_pod(node))
+        plugins = env.get("KUBELET_PLUGINS_DIR", DEFAULT_PLUGINS_DIR)
+        return f"{plugins.rstrip('/')}/{env.get('DRIVER_NAME', DRIVER)}"
+
+    def agent_gpus(self, node: str) -> dict[str, dict[str, Any]]:
+        """``dra-driver discover -o json`` in the node's DRA agent, by GPU UUID: index, minor
+        and the agent's view of its health (conditions, recoveries, holdLeftSeconds)."""
+        env = agent_env(self.agent_pod(node))
+        ran = self.agent_run(
+            node,
+            [
+                "dra-driver",
+                "discover",
+                "-o",
+                "json",
+                "--kubelet-plugins-dir",
+                env.get("KUBELET_PLUGINS_DIR", DEFAULT_PLUGINS_DIR),
+                "--driver-name",
+                env.get("DRIVER_NAME", DRIVER),
+            ],
+        )
+        return {g["uuid"]: g for g in json.loads(ran.stdout)["gpus"]}
+
+    def fake_event(self, node: str, *args: str, component: str = "kubelet-plugin") -> str:
+        """``dra-driver fake-event ARGS`` inside the node's agent pod (its environment names the
+        agent's directories); what it printed."""
+        return self.agent_run(node, ["dra-driver", "fake-event", *args], component).stdout
+
+    def allocated(self, node: str) -> list[dict[str, Any]]:
+        """Every ResourceClaim (all namespaces) allocated one of our devices on ``node``."""
+        return [
+            c
+            for c in self.list_objects("resource.k8s.io/v1", "ResourceClaim")
+            if any(r["driver"] == DRIVER and r["pool"] == node for r in results(c))
+        ]
+
+    def held_gpus(self, node: str) -> set[str]:
+        """The GPUs (``gpu-<minor>``) that allocated claims use on ``node``, whole or in part."""
+        return {
+            gpu_of(r["device"])
+            for c in self.allocated(node)
+            for r in results(c)
+            if r["driver"] == DRIVER and r["pool"] == node
+        }
+
 
 @dataclasses.dataclass(frozen=True)
 class Seen:
     nodes: list[str]  # e.g. ["nvidia0", "nvidia3"]
     env: dict[str, str]
+    documents: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ran:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+def agent_env(agent: dict[str, Any]) -> dict[str, str]:
+    """The plain (``value``) environment of an agent pod's container."""
+    env = agent["spec"]["containers"][0].get("env") or []
+    return {e["name"]: e["value"] for e in env if "value" in e}
+
+
+def gpu_of(device: str) -> str:
+    """The full GPU a published device is or belongs to: gpu-3-mig-1g-10gb-0 -> gpu-3."""
+    found = _GPU_OF.match(device)
+    assert found, f"{device} is not one of our GPU or MIG device names"
+    return found.group(1)
+
+
+def dra_driver(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The ``dra-driver`` CLI of this checkout (the same code as the image kind-up.sh builds)."""
+    return subprocess.run(
+        [sys.executable, "-m", "dra_driver", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def attr(device: dict[str, Any], name: str) -> Any:
@@ -241,6 +449,17 @@ def attr(device: dict[str, Any], name: str) -> Any:
         return None
     (only,) = value.values()
     return only
+
+
+def set_ranks(device: dict[str, Any]) -> dict[int, int]:
+    """A GPU's set ranks (docs/topology.md), ``{N: rank}`` from its setRank<N> attributes; 0
+    means in no ranked set: the agent gives every held or tainted GPU 0."""
+    ranks = {}
+    for name in device.get("attributes") or {}:
+        found = re.fullmatch(r"(?:.*/)?setRank(\d+)", name)
+        if found:
+            ranks[int(found.group(1))] = int(attr(device, name))
+    return ranks
 
 
 def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
@@ -265,3 +484,18 @@ def node_with(nodes: dict[str, Any], profile: str) -> str:
     if not isinstance(name, str):
         pytest.skip(f"needs a DRA node labelled {PROFILE_LABEL}={profile} (e2e/kind-config.yaml)")
     return name
+
+
+def node_with_any(nodes: dict[str, Any], profiles: Iterable[str], why: str = "") -> str:
+    """The DRA node of the first of ``profiles`` the cluster has, or skip naming them all."""
+    wanted = list(profiles)
+    for profile in wanted:
+        if isinstance(nodes.get(profile), str):
+            return str(nodes[profile])
+    labels = " or ".join(f"{PROFILE_LABEL}={p}" for p in wanted)
+    pytest.skip(f"needs a DRA node labelled {labels}{why} (e2e/kind-config.yaml)")
+
+
+def fake_profiles(nodes: dict[str, Any]) -> dict[str, str]:
+    """Fake profile -> its DRA node, for every profile the cluster's DRA nodes run."""
+    return {k: v for k, v in nodes.items() if isinstance(v, str)}

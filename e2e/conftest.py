@@ -1,13 +1,15 @@
 """e2e suite set-up: one cluster from KUBECONFIG, or every test skipped with the reason.
 
 Run it with e2e/run.sh (kind) or `KUBECONFIG=... pytest e2e` against any cluster where the chart
-is installed. Scenarios that need a particular fake profile look for nodes labelled
-``dra-driver.example/fake-profile=<profile>`` and skip, saying so, where there is none.
+is installed (docs/e2e.md). Scenarios that need a particular fake profile look for nodes labelled
+``dra-driver.example/fake-profile=<profile>`` and skip, saying so, where there is none. The
+terminal summary says how long the tests that ran took against the suite's budget.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,13 @@ import pytest
 HERE = Path(__file__).resolve().parent
 PROFILE_LABEL = kube.PROFILE_LABEL
 MODE_LABEL = kube.MODE_LABEL
+BUDGET_S = 600  # the whole suite on a 2-core kind node (docs/e2e.md)
 _state: dict[str, kube.Cluster | str] = {}
+_started: list[float] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _started.append(time.monotonic())
 
 
 def _cluster_or_reason() -> kube.Cluster | str:
@@ -72,3 +80,20 @@ def nodes(cluster: kube.Cluster) -> dict[str, Any]:
             if PROFILE_LABEL in labels:
                 found[labels[PROFILE_LABEL]] = name
     return found
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line with the time taken, when tests ran against a cluster (not all skipped)."""
+    ran = [
+        r
+        for key in ("passed", "failed", "error")
+        for r in terminalreporter.stats.get(key, [])
+        if getattr(r, "when", "call") == "call"
+    ]
+    if not ran or not _started:
+        return
+    took = time.monotonic() - _started[0]
+    verdict = "within" if took <= BUDGET_S else "OVER"
+    terminalreporter.write_line(
+        f"e2e: {len(ran)} tests ran in {took:.0f} s, {verdict} the suite's {BUDGET_S} s budget"
+    )

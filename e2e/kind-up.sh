@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create the kind e2e cluster, build the image and load it into the nodes, install the chart with
 # fake GPUs (a different profile per worker, see kind-config.yaml) and wait for the agents.
-# Needs a running Docker engine, kind >= 0.27 and kubectl; `helm` is used when present,
-# otherwise the chart is rendered by Helm's engine (scripts/render_chart.py) and applied.
+# Needs a running Docker engine, kind >= 0.32 (a v1.36 node image) and kubectl; `helm` is used
+# when present, otherwise the chart is rendered by Helm's engine (scripts/render_chart.py) and
+# applied.
 # Prints the KUBECONFIG to use. Environment: KIND_CLUSTER, KIND_NODE_IMAGE, PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ need() {
   command -v "$1" >/dev/null 2>&1 || { echo "kind-up: '$1' not found: $2" >&2; exit 2; }
 }
 need docker "install Docker; image builds need a running engine"
-need kind "install kind >= 0.27 (kind.sigs.k8s.io)"
+need kind "install kind >= 0.32 (kind.sigs.k8s.io)"
 need kubectl "install kubectl"
 docker info >/dev/null 2>&1 || { echo "kind-up: no Docker engine is running" >&2; exit 2; }
 [ -x "$PY" ] || { echo "kind-up: $PY missing: run 'make test' once to create .venv" >&2; exit 2; }

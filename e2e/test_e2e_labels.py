@@ -1,5 +1,6 @@
-"""GPU node labels (docs/labels.md) on a real cluster: both agents keep them on their Node, a pod
-picks the kind of GPU by nvidia.com/gpu.product, and deleted labels come back."""
+"""GPU node labels (docs/labels.md) on a real cluster: both agents keep them on their Node, every
+fake-GPU DRA node carries exactly the labels ``dra-driver labels --fake <profile>`` computes, a
+pod picks the kind of GPU by nvidia.com/gpu.product, and deleted labels come back."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from typing import Any
 import cluster as kube
 import pytest
 
+from dra_driver.devices import fake
+from dra_driver.nodelabels import compute
+
 OWNED = "gpu.nvidia.com/node-labels"
-RESYNC_S = 60  # the chart's nodeLabels.resyncSeconds
+RESYNC_S = 60  # the chart's default nodeLabels.resyncSeconds (upper bound: kind uses less)
 
 
 def labels(cluster: kube.Cluster, node: str) -> dict[str, str]:
@@ -41,6 +45,23 @@ def test_dra_node_carries_its_gpu_labels(cluster: kube.Cluster, nodes: dict[str,
     owned = set(cluster.core.read_node(node).metadata.annotations[OWNED].split(","))
     assert owned == {k for k in got if k.startswith("nvidia.com/")}
     assert got[kube.PROFILE_LABEL] == "dgx-h100"  # a label we do not own is still there
+
+
+def test_every_fake_node_carries_its_profiles_labels(
+    cluster: kube.Cluster, nodes: dict[str, Any]
+) -> None:
+    """The DRA agent's labels are ``dra-driver labels --fake <profile>`` (whole GPUs, no MIG
+    strategy), all of them and nothing else under nvidia.com/ that it owns."""
+    profiles = kube.fake_profiles(nodes)
+    if not profiles:
+        kube.node_with(nodes, "dgx-h100")  # skips, naming the label
+    for profile, node in sorted(profiles.items()):
+        want = compute.compute(fake.FakeBackend.from_name(profile).discover()).labels
+        assert want.get("nvidia.com/gpu.present") == "true", want
+        got = wait_labels(cluster, node, want)
+        owned = set(cluster.core.read_node(node).metadata.annotations[OWNED].split(","))
+        assert owned == set(want), f"{node} ({profile}): owns {sorted(owned ^ set(want))} more/less"
+        assert got[kube.PROFILE_LABEL] == profile
 
 
 def test_deleted_labels_come_back(cluster: kube.Cluster, nodes: dict[str, Any]) -> None:
