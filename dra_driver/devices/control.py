@@ -24,15 +24,18 @@ Every failure is a :class:`ControlError` naming the GPU and the setting.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Final, Literal, Protocol
 
 from dra_driver.devices import model, nvml
+
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
 
 ComputeMode = Literal["Default", "ExclusiveProcess", "Prohibited"]
 TIMESLICE_DEFAULT: Final = 0
@@ -196,7 +199,7 @@ class FakeGpuControl:
         failure = self.fail.get((uuid, operation))
         if failure is not None:
             raise ControlError(f"{what}: {failure}") from failure
-        with self._lock:
+        with self._lock, self._file_lock(what):
             state = self._load()
             state.setdefault(uuid, {"computeMode": "Default", "timeslice": TIMESLICE_DEFAULT})
             state[uuid][key] = value
@@ -205,6 +208,24 @@ class FakeGpuControl:
             except OSError as exc:
                 raise ControlError(f"{what}: cannot record it in {self.state_file}: {exc}") from exc
             self.calls.append((operation, uuid, value))
+
+    @contextlib.contextmanager
+    def _file_lock(self, what: str) -> Iterator[None]:
+        """The state file's read-modify-write, exclusive across processes: two agents of one
+        node (a seamless upgrade) change settings of different GPUs at the same time."""
+        if self.state_file is None:
+            yield
+            return
+        try:
+            self.state_file.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.state_file.with_name(f".{self.state_file.name}.lock"), _LOCK_FLAGS)
+        except OSError as exc:
+            raise ControlError(f"{what}: cannot lock {self.state_file}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def _load(self) -> dict[str, dict[str, object]]:
         if self.state_file is None:
@@ -222,6 +243,7 @@ class FakeGpuControl:
             self._memory = state
             return
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.state_file.with_name(f".{self.state_file.name}.tmp")
+        # A name of this process's own: another process's write never renames it away.
+        temporary = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(state, indent=2, sort_keys=True))
         temporary.replace(self.state_file)

@@ -141,3 +141,33 @@ def test_fake_records_per_gpu_persists_and_refuses_mig_and_unknown(tmp_path: Pat
         picky.set_timeslice(GPU, 1)
     picky.set_compute_mode(GPU, "Prohibited")
     assert picky.settings() == {GPU: {"computeMode": "Prohibited", "timeslice": 0}}
+
+
+def _churn(state_file: str, uuid: str, rounds: int) -> None:
+    """In a child process: flip one GPU's compute mode ``rounds`` times."""
+    gpu = control.FakeGpuControl(gpus=[uuid], state_file=Path(state_file))
+    for i in range(rounds):
+        gpu.set_compute_mode(uuid, "ExclusiveProcess" if i % 2 else "Default")
+    gpu.set_compute_mode(uuid, "ExclusiveProcess")
+
+
+def test_two_processes_setting_different_gpus_lose_nothing(tmp_path: Path) -> None:
+    """Two agents of one node (a seamless upgrade) share the fake state file: every write is a
+    read-modify-write under a file lock, with a temporary name of the writing process."""
+    import multiprocessing
+
+    state = tmp_path / "fake-gpu-control.json"
+    context = multiprocessing.get_context("fork")
+    children = [
+        context.Process(target=_churn, args=(str(state), uuid, 200)) for uuid in ("GPU-a", "GPU-b")
+    ]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(60)
+    assert [c.exitcode for c in children] == [0, 0]
+    settings = json.loads(state.read_text())
+    assert {u: s["computeMode"] for u, s in settings.items()} == {
+        "GPU-a": "ExclusiveProcess",
+        "GPU-b": "ExclusiveProcess",
+    }
