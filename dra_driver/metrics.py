@@ -28,6 +28,9 @@ nvml_errors_total                          counter   call (e.g. init, discover, 
 device_health                              gauge     device, reason (1 healthy, 0 unhealthy)
 health_events_total                        counter   kind (xid|ecc|gpu-lost|...), xid, outcome
 device_recoveries_total                    counter   device (a GPU or MIG UUID's name)
+mps_daemon_restarts_total                  counter   runner (process|pod), reason (exited|
+                                                     deleted|gone-at-start|missing)
+mps_lost_clients_total                     counter   runner (claims whose daemon was restarted)
 feature_enabled                            gauge     feature (deviceTaints|sharedCounters|
                                                      consumableCapacity|setRanks)
 build_info                                 gauge     version (always 1)
@@ -42,6 +45,14 @@ XID), ``unpublished`` (a device we do not publish), ``poll`` (sent to the poll t
 ``feature_enabled`` says which ResourceSlice features the agent can publish with: 1 while the
 API server keeps the feature's fields (or they were never probed), 0 while it drops them (its
 feature gate is off); ``setRanks`` (plain attributes, no gate) is 1 while ``--gpu-sets`` is on.
+
+``mps_daemon_restarts_total`` counts MPS control daemons restarted while shares were prepared
+(docs/sharing.md): the daemon's process or Pod ``exited``, its Pod was ``deleted`` behind the
+agent's back, it was ``gone-at-start`` (found dead when the agent started), or it was
+``missing`` (no daemon ran for prepared claims after a failed restart; the periodic check
+started one).
+``mps_lost_clients_total`` adds the prepared claims each restart cut off: their containers' CUDA
+contexts were on the dead daemon's server and do not reconnect.
 
 One *request* is one claim's prepare or unprepare (the kubelet batches claims in one RPC; the
 per-claim outcome is what an operator needs).
@@ -209,6 +220,20 @@ class DriverMetrics:
             namespace=namespace,
             registry=registry,
         )
+        self.mps_daemon_restarts = prom.Counter(
+            "mps_daemon_restarts",
+            "MPS control daemons restarted while claims used them, by runner and reason.",
+            ["runner", "reason"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.mps_lost_clients = prom.Counter(
+            "mps_lost_clients",
+            "Prepared claims whose MPS control daemon died (their CUDA clients were cut off).",
+            ["runner"],
+            namespace=namespace,
+            registry=registry,
+        )
         self._health_lock = threading.Lock()
         self._health_reason: dict[str, str] = {}
         build = prom.Gauge(
@@ -330,6 +355,11 @@ class DriverMetrics:
 
     def device_recovered(self, device: str) -> None:
         self.device_recoveries.labels(device=device).inc()
+
+    def mps_daemon_restarted(self, *, runner: str, reason: str, lost_clients: int) -> None:
+        """An MPS daemon in use was restarted; ``lost_clients`` claims lost their server."""
+        self.mps_daemon_restarts.labels(runner=runner, reason=reason).inc()
+        self.mps_lost_clients.labels(runner=runner).inc(lost_clients)
 
 
 def _log_request(

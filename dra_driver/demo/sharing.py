@@ -3,9 +3,12 @@
 Steps: the agent publishes the node's only GPU as shareable (``--shareable H100``: consumable
 ``memory`` and ``computeShare`` capacity) → four claims ask for shares and the allocator, playing
 kube-scheduler, hands out three (capacity left per GPU, a ``shareID`` each) and explains why the
-fourth does not fit → the kubelet prepares the three: one MPS control daemon serves the GPU (its
-compute mode switched to ExclusiveProcess) and each share's CDI spec carries its own limits →
-the pods finish one by one; the daemon stops with the last share and the GPU is put back.
+fourth does not fit → the kubelet prepares the three: one MPS control daemon serves the GPU, in
+a Pod of its own that the agent creates through the API server (``--mps-daemon-image``; the
+test kit's :class:`~dra_driver.testing.podrunner.PodKubelet` plays the kubelet that runs it),
+the GPU's compute mode switched to ExclusiveProcess, and each share's CDI spec carries its own
+limits → the pods finish one by one; the daemon's Pod is deleted with the last share and the
+GPU is put back.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from dra_driver.demo import report as reporting
 from dra_driver.demo import rig as rigging
 from dra_driver.devices import fake
 from dra_driver.devices.fake import profiles
-from dra_driver.driver import claims
+from dra_driver.driver import claims, mpspodspec
+from dra_driver.kube.objects import PODS
 from dra_driver.testing import kubeletsim as sim
+from dra_driver.testing.podrunner import PodKubelet
 
 ONE_H100 = """\
 name: one-h100
@@ -39,6 +44,8 @@ gpus:
 SHARES = (("share-a", "20Gi", "25"), ("share-b", "30Gi", "35"), ("share-c", "30Gi", "40"))
 LATE = ("share-d", "20Gi", "0")
 NAMESPACE = rigging.NAMESPACE
+DRIVER_NAMESPACE = "dra-driver"  # the agent's own namespace: its daemon Pods go there
+DAEMON_IMAGE = "dra-driver:demo"
 Report = reporting.Report
 
 
@@ -55,7 +62,14 @@ def scene(
         backend=one,
         node_name=node_name,
         driver_name=driver_name,
-        extra=("--shareable", "H100"),
+        extra=(
+            "--shareable",
+            "H100",
+            "--mps-daemon-image",
+            DAEMON_IMAGE,
+            "--pod-namespace",
+            DRIVER_NAMESPACE,
+        ),
     ) as rig:
         slices = rig.slices()
         (gpu,) = [d for s in slices for d in s["spec"].get("devices", [])]
@@ -65,13 +79,16 @@ def scene(
             f"{gpu['name']} is published with allowMultipleAllocations: true",
         )
         allocated = _allocate(report, rig, slices)
+        rig.api.put_namespace(DRIVER_NAMESPACE)
         kubelet = sim.KubeletSim(rig.plugin.registry_dir)
+        pods = PodKubelet(rig.api.objects, node_name=node_name, base=base / "pods").start()
         try:
             kubelet.register(driver_name)
-            _prepare(report, rig, kubelet, allocated)
-            _finish(report, rig, kubelet, allocated)
+            _prepare(report, rig, kubelet, allocated, pods)
+            _finish(report, rig, kubelet, allocated, pods)
         finally:
             kubelet.close()
+            pods.stop(kill=True)
 
 
 def _claim(name: str, memory: str, compute: str) -> dict[str, Any]:
@@ -149,6 +166,10 @@ def _daemon(rig: rigging.Rig) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _daemon_pods(rig: rigging.Rig) -> list[dict[str, Any]]:
+    return rig.api.objects.all(PODS)
+
+
 def _compute_mode(rig: rigging.Rig) -> str:
     path = rig.plugin.plugins_dir / rig.driver_name / "fake-gpu-control.json"
     modes = json.loads(path.read_text()) if path.exists() else {}
@@ -156,10 +177,14 @@ def _compute_mode(rig: rigging.Rig) -> str:
 
 
 def _prepare(
-    report: Report, rig: rigging.Rig, kubelet: sim.KubeletSim, allocated: list[dict[str, Any]]
+    report: Report,
+    rig: rigging.Rig,
+    kubelet: sim.KubeletSim,
+    allocated: list[dict[str, Any]],
+    pods: PodKubelet,
 ) -> None:
-    report.section("Kubelet prepares the three shares: one MPS daemon, each share's own limits")
-    pids = set()
+    report.section("Kubelet prepares the three shares: one MPS daemon Pod, each share's limits")
+    uids = set()
     for obj in allocated:
         ref = _ref(obj)
         answer = kubelet.prepare([ref]).claims[ref.uid]
@@ -171,8 +196,7 @@ def _prepare(
         (device,) = answer.devices
         cdi_ids = list(device.cdi_device_ids)
         report.say(f"      {device.device_name}: share_id {device.share_id}, CDI {cdi_ids}")
-        daemon = _daemon(rig)
-        pids.add(daemon["pid"] if daemon else None)
+        uids |= {p["metadata"]["uid"] for p in _daemon_pods(rig)}
         spec_path = rig.spec_file(ref.uid)
         if spec_path is None:
             report.check(False, f"{ref.name}: CDI spec written")
@@ -189,30 +213,83 @@ def _prepare(
             indent="        ",
         )
     daemon = _daemon(rig)
+    found = _daemon_pods(rig)
+    name = mpspodspec.pod_name(rig.driver_name, rig.node_name, "gpu-0")
+    running = pods.running().get(name)
     report.check(
         daemon is not None
         and daemon["state"] == "Running"
-        and len(pids) == 1
-        and Path(f"/proc/{daemon['pid']}").exists(),
-        f"one MPS control daemon serves gpu-0 for all three (pid {(daemon or {}).get('pid')})",
+        and len(uids) == 1
+        and [p["metadata"]["name"] for p in found] == [name]
+        and running is not None,
+        f"one MPS control daemon serves gpu-0 for all three: Pod {DRIVER_NAMESPACE}/{name} "
+        f"(pid {running.pid if running else None} under the test kubelet)",
     )
+    if found:
+        pod = found[0]
+        (container,) = pod["spec"]["containers"]
+        owner = pod["metadata"]["ownerReferences"][0]
+        report.say("      the daemon's Pod, as the agent created it (abridged):")
+        report.block(
+            yaml.safe_dump(
+                {
+                    "metadata": {
+                        "name": pod["metadata"]["name"],
+                        "namespace": pod["metadata"]["namespace"],
+                        "labels": pod["metadata"]["labels"],
+                        "ownerReferences": [f"{owner['kind']}/{owner['name']}"],
+                    },
+                    "spec": {
+                        "nodeName": pod["spec"]["nodeName"],
+                        "restartPolicy": pod["spec"]["restartPolicy"],
+                        "image": container["image"],
+                        "command": container["command"][-3:],
+                        "readinessProbe": container["readinessProbe"]["exec"]["command"][2],
+                        "volumeMounts": [m["mountPath"] for m in container["volumeMounts"]],
+                    },
+                    "status": {
+                        "phase": pod["status"]["phase"],
+                        "ready": mpspodspec.state(pod).ready,
+                    },
+                },
+                sort_keys=False,
+                width=100,
+            ),
+            indent="        ",
+        )
+        report.check(
+            pod["spec"]["nodeName"] == rig.node_name
+            and owner["kind"] == "Node"
+            and container["image"] == DAEMON_IMAGE
+            and mpspodspec.state(pod).ready,
+            f"the daemon Pod is pinned to {rig.node_name}, runs {DAEMON_IMAGE} and is Ready; it "
+            "is owned by the Node, so upgrades of the agent leave it (and the shares) running",
+        )
     report.check(
         _compute_mode(rig) == "ExclusiveProcess", "gpu-0 runs in compute mode ExclusiveProcess"
     )
 
 
 def _finish(
-    report: Report, rig: rigging.Rig, kubelet: sim.KubeletSim, allocated: list[dict[str, Any]]
+    report: Report,
+    rig: rigging.Rig,
+    kubelet: sim.KubeletSim,
+    allocated: list[dict[str, Any]],
+    pods: PodKubelet,
 ) -> None:
-    report.section("The pods finish one by one: the daemon stops with the last share")
+    report.section("The pods finish one by one: the daemon's Pod goes with the last share")
     for i, obj in enumerate(allocated):
         ref = _ref(obj)
         error = kubelet.unprepare([ref]).claims[ref.uid].error
         last = i == len(allocated) - 1
-        daemon = _daemon(rig)
-        state = "gone" if daemon is None else f"running (pid {daemon['pid']})"
+        found = _daemon_pods(rig)
+        state = "gone" if not found else f"running (Pod {found[0]['metadata']['name']})"
         report.check(
-            not error and (daemon is None) == last,
+            not error and (not found and _daemon(rig) is None) == last,
             f"{ref.name}: unprepared; MPS daemon {state}" + (f" — {error}" if error else ""),
         )
+    report.check(
+        pods.wait(lambda: pods.running() == {}, timeout_s=15),
+        "the test kubelet ended the deleted Pod's daemon",
+    )
     report.check(_compute_mode(rig) == "Default", "gpu-0 back in compute mode Default")

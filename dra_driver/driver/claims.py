@@ -16,6 +16,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from dra_driver.driver import claimrecords
+
 Obj = Mapping[str, Any]
 
 SOURCE_CLASS = "FromClass"
@@ -230,3 +232,20 @@ def _string(result: Obj, key: str, *, ref: ClaimRef, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise ClaimError(f"{ref}: {where}.{key} is missing or not a string")
     return value
+
+
+def check_ref(ref: ClaimRef) -> None:
+    """:class:`ClaimError` unless ``ref`` is usable: a UID fit for file and CDI device names
+    (Kubernetes UIDs are UUIDs), a namespace and a name. Fuzzed input can be huge: the error
+    quotes at most 80 characters of each part."""
+    if not claimrecords.valid_uid(ref.uid):
+        raise ClaimError(
+            f"ResourceClaim {_short(ref.namespace)}/{_short(ref.name)}: invalid claim uid "
+            f"{_short(ref.uid)!r}"
+        )
+    if not ref.namespace or not ref.name:
+        raise ClaimError(f"{ref}: namespace and name are required")
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"

@@ -248,39 +248,91 @@ class MpsClaims:
             self._stop_if_unused(daemon_id, claim_uid=record.uid)
 
     def check(self) -> None:
-        """Periodically: stop daemons no claim uses any more, restart those that died."""
+        """Periodically: stop daemons no claim uses any more, restart those that died (their
+        clients are logged and counted as lost), end daemons no record names."""
         for daemon_id in sorted(self.daemons.records()):
             self._stop_if_unused(daemon_id, claim_uid=None)
-        self.daemons.supervise()
+        self.daemons.supervise(clients=self._users)
+        self._start_missing()
+        for problem in self.daemons.end_strays():
+            self.log.error("MPS daemon no record names could not be ended", problem=problem)
 
     def _stop_if_unused(self, daemon_id: str, *, claim_uid: str | None) -> None:
+        """Stop ``daemon_id`` if no claim uses it; ``claim_uid``: the claim whose unprepare asks
+        (its lines carry it), None for the periodic check."""
+        claim = {"claim_uid": claim_uid} if claim_uid else {}
         try:
             stopped = self.daemons.release(
                 daemon_id, still_wanted=functools.partial(self._in_use, daemon_id)
             )
         except (claims.ClaimError, OSError) as exc:
             self.log.error(
-                "MPS daemon not stopped; will retry",
-                daemon=daemon_id,
-                claim_uid=claim_uid,
-                error=str(exc),
+                "MPS daemon not stopped; will retry", daemon=daemon_id, error=str(exc), **claim
             )
             return
         if stopped:
-            self.log.info(
-                "no claim uses the MPS daemon any more", daemon=daemon_id, claim_uid=claim_uid
-            )
+            self.log.info("no claim uses the MPS daemon any more", daemon=daemon_id, **claim)
 
     def recover(self, prepared: Sequence[checkpoint.ClaimRecord]) -> list[str]:
         """Start-up: the daemons of prepared claims run (adopted or restarted), no others."""
-        return self.daemons.recover(recorded_daemons(prepared, self.devices))
+        users: dict[str, list[str]] = {}
+        for record in prepared:
+            for daemon_id in sorted({d.mpsDaemon for d in record.devices if d.mpsDaemon}):
+                users.setdefault(daemon_id, []).append(record.uid)
+        return self.daemons.recover(
+            recorded_daemons(prepared, self.devices), clients=lambda d: users.get(d, [])
+        )
+
+    def _start_missing(self) -> None:
+        """Start the daemons prepared claims use that have no record at all (a start at
+        recovery or supervision failed and was undone): their clients are without a server."""
+        completed = [r for r in self.store.records() if r.state == checkpoint.PREPARE_COMPLETED]
+        have = self.daemons.records()
+        for daemon_id, devices in recorded_daemons(completed, self.devices).items():
+            if daemon_id in have:
+                continue
+            users = functools.partial(self._users, daemon_id)
+            try:
+                started = self.daemons.ensure(
+                    daemon_id,
+                    devices,
+                    context="supervision",
+                    only_if=functools.partial(_any, users),
+                )
+            except claims.ClaimError as exc:
+                self.log.error(
+                    "cannot start a missing MPS daemon", daemon=daemon_id, error=str(exc)
+                )
+                continue
+            if started:
+                lost = users()
+                self.log.error(
+                    "started the missing MPS daemon of prepared claims",
+                    daemon=daemon_id,
+                    lost_clients=len(lost),
+                    claims=lost,
+                )
+                self.daemons.count_restart("missing", len(lost))
 
     def _in_use(self, daemon_id: str) -> bool:
         """Whether a claim record on disk (being prepared, or prepared) uses ``daemon_id``."""
         return any(d.mpsDaemon == daemon_id for r in self.store.records() for d in r.devices)
 
+    def _users(self, daemon_id: str) -> list[str]:
+        """The claims (UIDs) prepared with ``daemon_id``: its clients."""
+        return sorted(
+            r.uid
+            for r in self.store.records()
+            if r.state == checkpoint.PREPARE_COMPLETED
+            and any(d.mpsDaemon == daemon_id for d in r.devices)
+        )
+
     def _memory(self, uuid: str) -> int:
         return self.gpu_memory.get(uuid, 0)
+
+
+def _any(found: Callable[[], Sequence[str]]) -> bool:
+    return bool(found())
 
 
 def _kind(device: inventory.PreparableDevice) -> Literal["gpu", "mig"]:

@@ -4,8 +4,10 @@ Why it exists: :mod:`dra_driver.driver.mps` decides *when* a daemon runs and kee
 this module knows *how* a process is started (foreground ``-f``, its own session so it outlives
 the agent, a marker in its environment), recognised again after an agent restart (pid plus the
 kernel's start time, so a reused pid never passes for it), asked to ``quit`` through the control
-client, and, if it does not, ended with SIGTERM and SIGKILL. The program is a command prefix
-(:func:`program`): the real ``nvidia-cuda-mps-control`` or the stand-in
+client, and, if it does not, ended with SIGTERM and SIGKILL. :class:`ProcessRunner` is the
+:class:`~dra_driver.driver.mpsrunner.DaemonRunner` on top (daemons as the agent's own processes,
+outside a cluster); the Pod runner uses :meth:`Processes.quit` too. The program is a command
+prefix (:func:`program`): the real ``nvidia-cuda-mps-control`` or the stand-in
 :mod:`dra_driver.devices.fake.fakemps`. :class:`Supervisor` runs the periodic housekeeping.
 """
 
@@ -19,11 +21,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 import structlog
 
 from dra_driver.driver import driverfiles, periodic
+from dra_driver.driver.mpsrecords import DaemonRecord, Dirs, MpsError
+from dra_driver.driver.mpsrunner import Launch, Liveness, Stray
 
 MARKER: Final = "DRA_DRIVER_MPS_DAEMON"
 POLL_S: Final = 0.02
@@ -103,10 +107,13 @@ class Processes:
                 return int(entry.name)
         return None
 
-    def end(self, pipe: Path, pid: int, start_time: int | None) -> None:
-        """Ask the daemon to ``quit``, then insist (SIGTERM, SIGKILL) until ``pid`` is gone."""
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(
+    def quit(self, pipe: Path) -> bool:
+        """Ask the daemon behind ``pipe`` to ``quit`` through the control client; whether the
+        client said it was done (it fails when no daemon answers)."""
+        if not self.command:
+            return False
+        try:
+            done = subprocess.run(
                 list(self.command),
                 input=b"quit\n",
                 env={**os.environ, **self.env, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
@@ -114,6 +121,13 @@ class Processes:
                 timeout=self.stop_timeout_s,
                 check=False,
             )
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return getattr(done, "returncode", 1) == 0
+
+    def end(self, pipe: Path, pid: int, start_time: int | None) -> None:
+        """Ask the daemon to ``quit``, then insist (SIGTERM, SIGKILL) until ``pid`` is gone."""
+        self.quit(pipe)
         for sig, wait_s in (
             (None, self.stop_timeout_s),
             (signal.SIGTERM, 2.0),
@@ -127,6 +141,70 @@ class Processes:
                 time.sleep(POLL_S)
             if not self.alive(pid, start_time):
                 return
+
+
+class ProcessRunner:
+    """Daemons as processes of the agent, in sessions of their own (adopted after a restart of
+    the agent's *process*, but ended with its container)."""
+
+    kind: Final[Literal["process"]] = "process"
+
+    def __init__(self, processes: Processes, *, ready_timeout_s: float = 15.0) -> None:
+        self.processes = processes
+        self.ready_timeout_s = ready_timeout_s
+
+    def intent(self, record: DaemonRecord) -> DaemonRecord:
+        return record  # a pid exists only once spawned; a crash before it is found by marker
+
+    def start(self, launch: Launch, record: DaemonRecord) -> DaemonRecord:
+        dirs = launch.dirs
+        pid = self.processes.spawn(
+            pipe=dirs.pipe, log=dirs.log, shm=dirs.shm, visible=[d.uuid for d in launch.devices]
+        )
+        return record.model_copy(
+            update={"state": "Running", "pid": pid, "startTime": start_time(pid)}
+        )
+
+    def wait_ready(self, launch: Launch, record: DaemonRecord) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        control_socket = launch.dirs.pipe / "control"
+        while not control_socket.exists():
+            if not self.liveness(record).alive:
+                raise MpsError(f"the daemon exited at start: {log_tail(launch.dirs)}")
+            if time.monotonic() > deadline:
+                raise MpsError(
+                    f"no control socket after {self.ready_timeout_s:g}s: {log_tail(launch.dirs)}"
+                )
+            time.sleep(POLL_S)
+
+    def liveness(self, record: DaemonRecord) -> Liveness:
+        if record.pid is not None and self.processes.alive(record.pid, record.startTime):
+            return Liveness(alive=True)
+        return Liveness(alive=False, reason="exited", detail=f"process {record.pid} is gone")
+
+    def stop(self, record: DaemonRecord, dirs: Dirs) -> None:
+        alive = self.liveness(record).alive
+        pid = record.pid if alive else self.processes.find(dirs.pipe)
+        if pid is not None:
+            self.processes.end(dirs.pipe, pid, record.startTime if pid == record.pid else None)
+
+    def strays(self, records: Mapping[str, DaemonRecord]) -> list[Stray]:
+        return []  # an unrecorded process is found by its marker when its record is read
+
+    def end_stray(self, stray: Stray) -> None:
+        return None
+
+    def describe(self, record: DaemonRecord) -> dict[str, object]:
+        return {"pid": record.pid}
+
+
+def log_tail(dirs: Dirs) -> str:
+    """The end of what a daemon process printed (one line, for an error message)."""
+    try:
+        text = (dirs.log / "daemon.out").read_text(errors="replace")
+    except OSError:
+        text = ""
+    return " ".join(text.split())[-300:] or "no output"
 
 
 def program(

@@ -15,17 +15,66 @@ removed, and the GPUs the prepared claims hold handed to the slices' set ranks
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+import structlog
 
 from dra_driver import logs
-from dra_driver.driver import checkpoint, claims, inventory, sharing
+from dra_driver.devices import holdings
+from dra_driver.driver import cdi, checkpoint, claims, devicemeta, inventory, mpsclaims, sharing
+from dra_driver.driver import mig as mig_mod
+from dra_driver.driver.ownership import Ownership
+from dra_driver.driver.recordviews import allocated_of, held_by, ref_of
+from dra_driver.driver.sharing import GpuSharing
 
-if TYPE_CHECKING:
-    from dra_driver.driver.state import ClaimState
+# Record views used to live here; callers keep finding them.
+__all__ = ["ClaimStateParts", "allocated_of", "held_by", "recover", "ref_of", "refresh_held"]
 
 
-def recover(state: ClaimState) -> None:
+class ClaimStateParts(Protocol):
+    """What recovery needs of :class:`~dra_driver.driver.state.ClaimState` (handed in, so this
+    module never imports the one that calls it)."""
+
+    @property
+    def store(self) -> checkpoint.Checkpoint: ...
+
+    @property
+    def specs(self) -> cdi.CdiSpecs: ...
+
+    @property
+    def metadata(self) -> devicemeta.ClaimMetadata: ...
+
+    @property
+    def devices(self) -> inventory.Inventory: ...
+
+    @property
+    def sharing(self) -> GpuSharing: ...
+
+    @property
+    def mps(self) -> mpsclaims.MpsClaims | None: ...
+
+    @property
+    def mig(self) -> mig_mod.MigInstances: ...
+
+    @property
+    def ownership(self) -> Ownership: ...
+
+    @property
+    def held(self) -> holdings.HeldGpus: ...
+
+    @property
+    def log(self) -> structlog.typing.FilteringBoundLogger: ...
+
+    def rollback(self, ref: claims.ClaimRef) -> list[str]: ...
+
+    def owned(
+        self, allocated: Sequence[claims.AllocatedDevice]
+    ) -> list[claims.AllocatedDevice]: ...
+
+
+def recover(state: ClaimStateParts) -> None:
     """Bring disk back to a consistent state after whatever ended the last run."""
     report = state.store.load()
     state.specs.remove_stale_temporaries()
@@ -54,7 +103,7 @@ def recover(state: ClaimState) -> None:
             clog.warning("rolled back a preparation interrupted by a crash")
             continue
         if record.uid in unprepared:
-            state._rollback(ref_of(record))  # every step tried; what is left is logged
+            state.rollback(ref_of(record))  # every step tried; what is left is logged
             clog.warning("finished an unprepare interrupted by a crash (MIG instance gone)")
             continue
         try:
@@ -67,7 +116,7 @@ def recover(state: ClaimState) -> None:
             elif not _same_spec(path, record.cdiSpec):
                 state.specs.write(record.uid, record.cdiSpec)
                 clog.warning("rewrote a CDI spec that differed from its prepared claim's")
-            state.ownership.reserve(ref_of(record), state._owned(allocated_of(record)))
+            state.ownership.reserve(ref_of(record), state.owned(allocated_of(record)))
         except (OSError, claims.ClaimError) as exc:
             clog.error("prepared claim is inconsistent after restart", error=str(exc))
     records = state.store.records()
@@ -91,7 +140,7 @@ def recover(state: ClaimState) -> None:
 
 
 def _recover_sharing(
-    state: ClaimState, records: list[checkpoint.ClaimRecord], *, unknown: bool
+    state: ClaimStateParts, records: list[checkpoint.ClaimRecord], *, unknown: bool
 ) -> None:
     """Re-apply what prepared claims hold, release what interrupted ones took; when some
     claims are ``unknown`` (an unreadable file, records of an earlier boot), also restore every
@@ -108,26 +157,7 @@ def _recover_sharing(
     )
 
 
-def ref_of(record: checkpoint.ClaimRecord) -> claims.ClaimRef:
-    return claims.ClaimRef(uid=record.uid, namespace=record.namespace, name=record.name)
-
-
-def allocated_of(record: checkpoint.ClaimRecord) -> list[claims.AllocatedDevice]:
-    """The devices a record holds, as ownership sees them."""
-    return [
-        claims.AllocatedDevice(
-            request=d.requestNames[0] if d.requestNames else "",
-            pool=d.poolName,
-            device=d.deviceName,
-            admin_access=d.adminAccess,
-            share_id=d.shareId,
-            configs=(),
-        )
-        for d in record.devices
-    ]
-
-
-def refresh_held(state: ClaimState) -> bool:
+def refresh_held(state: ClaimStateParts) -> bool:
     """Re-read which GPUs prepared claims hold from the checkpoint, which every instance of the
     agent on this node shares: during a seamless upgrade the kubelet may prepare through the
     instance that does not publish. A claim this instance is preparing right now (its record
@@ -140,17 +170,6 @@ def refresh_held(state: ClaimState) -> bool:
         if uid not in fresh and any(r.uid == uid for r in records):
             fresh[uid] = gpus
     return state.held.reset(fresh)
-
-
-def held_by(record: checkpoint.ClaimRecord, devices: inventory.Inventory) -> frozenset[str]:
-    """The full GPUs a record's claim holds (names): its GPUs and GPU shares, a set's members,
-    a MIG device's parent; a device with admin access holds nothing (others may have it too)."""
-    held: set[str] = set()
-    for dev in record.devices:
-        known = None if dev.adminAccess else devices.get(dev.deviceName)
-        if known is not None:
-            held.update(known.gpu_names)
-    return frozenset(held)
 
 
 def _same_spec(path: Path, spec: dict[str, object]) -> bool:

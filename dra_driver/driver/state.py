@@ -54,6 +54,7 @@ from dra_driver.driver import (
     devicemeta,
     inventory,
     mpsclaims,
+    recordviews,
     recovery,
     results,
     sharing,
@@ -154,7 +155,7 @@ class ClaimState:
     def prepare(self, ref: claims.ClaimRef) -> tuple[results.PreparedDevice, ...]:
         """Prepare one claim (idempotent). Raises :class:`claims.ClaimError` (API errors
         included) or :class:`checkpoint.CheckpointError`, with a message naming the claim."""
-        _check_ref(ref)
+        claims.check_ref(ref)
         clog = logs.claim_logger(self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name)
         with self.locks.hold(ref.uid):
             record = self.store.get(ref.uid)
@@ -182,7 +183,7 @@ class ClaimState:
                 self.mps.check_time_slicing(ref, [t.uuid for t in wanted])
             migs = self.mig.intents(ref, allocated)  # dynamic MIG: specs need the new UUIDs
             spec = {} if migs else self.specs.build(ref, planned, mounts=meta)
-            self.ownership.reserve(ref, self._owned(allocated))
+            self.ownership.reserve(ref, self.owned(allocated))
             try:
                 record = self._record(ref, allocated, planned, spec, migs, needs)
                 self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
@@ -197,14 +198,14 @@ class ClaimState:
                 self._write_spec(ref, spec)
                 self.store.put(record)
             except BaseException as exc:
-                problems = self._rollback(ref)
+                problems = self.rollback(ref)
                 if problems and isinstance(exc, claims.ClaimError | checkpoint.CheckpointError):
                     cause = str(exc) if isinstance(exc, claims.ClaimError) else f"{ref}: {exc}"
                     raise RollbackIncomplete(
                         f"{cause}; rolling back left: {'; '.join(problems)}"
                     ) from exc
                 raise
-            self.held.hold(ref.uid, recovery.held_by(record, self.devices))  # never waits
+            self.held.hold(ref.uid, recordviews.held_by(record, self.devices))  # never waits
             self.prepared.record(record, self.devices, claims.reserved_pods(claim))
             # Debug: the driver loop logs one info event per request (result, devices, time).
             clog.debug(
@@ -216,7 +217,7 @@ class ClaimState:
 
     def unprepare(self, ref: claims.ClaimRef) -> None:
         """Undo :meth:`prepare` (idempotent; unknown claims succeed; needs no API access)."""
-        _check_ref(ref)
+        claims.check_ref(ref)
         clog = logs.claim_logger(self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name)
         with self.locks.hold(ref.uid):
             known = self.store.get(ref.uid) is not None
@@ -257,7 +258,7 @@ class ClaimState:
         if record is not None and self.mps is not None:
             self.mps.release(record)
 
-    def _rollback(self, ref: claims.ClaimRef) -> list[str]:
+    def rollback(self, ref: claims.ClaimRef) -> list[str]:
         """Undo a failed prepare as far as possible: every step is tried, ownership is always
         released; returns what could not be undone."""
         problems: list[str] = []
@@ -312,7 +313,7 @@ class ClaimState:
 
     # ---- helpers -------------------------------------------------------------------------------
 
-    def _owned(self, allocated: Sequence[claims.AllocatedDevice]) -> list[claims.AllocatedDevice]:
+    def owned(self, allocated: Sequence[claims.AllocatedDevice]) -> list[claims.AllocatedDevice]:
         """What a claim holds: its devices, and the memory slices of its dynamic MIG devices."""
         return [*allocated, *self.mig.ownership_keys(allocated)]
 
@@ -365,31 +366,17 @@ class ClaimState:
         planned: Sequence[cdi.Planned],
         spec: dict[str, object],
         migs: Mapping[str, checkpoint.MigRecord],
-        needs: Sequence[mpsclaims.Need] = (),
+        needs: Sequence[mpsclaims.Need],
     ) -> checkpoint.ClaimRecord:
-        daemons = {n.device.name: n.daemon for n in needs}
-        return checkpoint.ClaimRecord(
-            uid=ref.uid,
-            namespace=ref.namespace,
-            name=ref.name,
-            state=checkpoint.PREPARE_COMPLETED,
-            bootId=self.store.boot_id,
-            devices=tuple(
-                checkpoint.DeviceRecord(
-                    requestNames=(dev.request_name,),
-                    poolName=dev.pool,
-                    deviceName=dev.device,
-                    cdiDeviceIds=(self.specs.device_id(ref.uid, dev.device),),
-                    shareId=dev.share_id,
-                    adminAccess=dev.admin_access,
-                    config=plan.config.to_json(),
-                    consumedCapacity=dict(dev.consumed_capacity),
-                    mpsDaemon=daemons.get(dev.device),
-                    mig=migs.get(dev.device),
-                )
-                for dev, plan in zip(allocated, planned, strict=True)
-            ),
-            cdiSpec=spec,
+        return recordviews.build_record(
+            ref,
+            boot_id=self.store.boot_id,
+            specs=self.specs,
+            allocated=allocated,
+            planned=planned,
+            spec=spec,
+            migs=migs,
+            daemons={n.device.name: n.daemon for n in needs},
         )
 
 
@@ -406,19 +393,4 @@ def _file_problem(ref: claims.ClaimRef, action: str, path: object, exc: OSError)
     )
 
 
-def _check_ref(ref: claims.ClaimRef) -> None:
-    if not checkpoint.valid_uid(ref.uid):
-        raise claims.ClaimError(
-            f"ResourceClaim {_short(ref.namespace)}/{_short(ref.name)}: invalid claim uid "
-            f"{_short(ref.uid)!r}"
-        )
-    if not ref.namespace or not ref.name:
-        raise claims.ClaimError(f"{ref}: namespace and name are required")
-
-
-def _short(text: str, limit: int = 80) -> str:
-    """``text`` cut to ``limit`` characters for an error message (fuzzed input can be huge)."""
-    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
-
-
-_ref = recovery.ref_of
+_ref = recordviews.ref_of

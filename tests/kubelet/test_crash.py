@@ -13,6 +13,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -53,13 +54,15 @@ def kill_under_load(
     rng: random.Random,
     outcome: dict[str, list[str]],
     pause_s: tuple[float, float],
+    extra: Sequence[str] = (),
 ) -> int:
-    """Start the plugin, churn prepare/unprepare, SIGKILL it after a random pause; again and
-    again for ``BUDGET_S`` (at least three times, however slow the machine). The kill count."""
+    """Start the plugin (with ``extra`` flags), churn prepare/unprepare, SIGKILL it after a
+    random pause; again and again for ``BUDGET_S`` (at least three times, however slow the
+    machine). The kill count."""
     kills = 0
     started = time.monotonic()
     while kills < 3 or time.monotonic() - started < BUDGET_S:
-        plugin = PluginProcess(base=base, kubeconfig=kubeconfig).start()
+        plugin = PluginProcess(base=base, kubeconfig=kubeconfig, extra=extra).start()
         plugin.wait_ready()
         kubelet = KubeletSim(plugin.registry_dir)
         kubelet.register("gpu.nvidia.com")

@@ -55,6 +55,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The MPS control daemon Pods' image: kubeletPlugin.mpsDaemons.image, else the agent's. */}}
+{{- define "dra-driver.mpsDaemonImage" -}}
+{{- .Values.kubeletPlugin.mpsDaemons.image | default (include "dra-driver.image" .) -}}
+{{- end -}}
+
 {{/*
 The DaemonSets to render for one component, as a YAML list of
 {suffix, profile, expressions}: one entry without fake GPUs or with one fake profile for all
