@@ -41,6 +41,7 @@ SUPPORTED = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")  # the chart's kubeVersion:
 # Apply order (like Helm's install order): identities and permissions, then the admission policy
 # so it is in force before any agent writes, then DeviceClasses, then the agents.
 KIND_ORDER = (
+    "CustomResourceDefinition",
     "Namespace",
     "ServiceAccount",
     "ClusterRole",
@@ -51,6 +52,7 @@ KIND_ORDER = (
     "ValidatingAdmissionPolicyBinding",
     "DeviceClass",
     "DaemonSet",
+    "Deployment",
 )
 _DOC_SPLIT = re.compile(r"^---[ \t]*$", re.MULTILINE)
 STATIC_HEADER = f"""\
