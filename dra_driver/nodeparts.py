@@ -1,6 +1,7 @@
 """The host-facing parts the node agent drives besides the GPUs' devices: GPU settings
-(compute mode, time-slicing), MPS control daemons and MIG instances — each real or the fake
-node's stand-in, as the settings say.
+(compute mode, time-slicing), MPS control daemons (processes of the agent, or Pods of their own
+with ``--mps-daemon-image``) and MIG instances — each real or the fake node's stand-in, as the
+settings say.
 
 Why its own module: choosing between NVML / the driver root's programs and the stand-ins is
 the same decision for three parts; :mod:`dra_driver.app` wires what these return and the tests
@@ -9,13 +10,26 @@ build the same parts the agent would.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
 from dra_driver.devices import backend as devices_backend
 from dra_driver.devices import control, fake, migcontrol, model, nvml
-from dra_driver.driver import checkpoint, driverfiles, mps, mpsprocess
+from dra_driver.driver import (
+    cdi,
+    checkpoint,
+    driverfiles,
+    inventory,
+    mps,
+    mpspod,
+    mpspodspec,
+    mpsprocess,
+    mpsrecords,
+    mpsrunner,
+)
+from dra_driver.kube import api as kube
 from dra_driver.pluginsettings import PluginSettings
 
 
@@ -46,15 +60,24 @@ def mps_daemons_for(
     files: tuple[driverfiles.Mount, ...],
     gpu_control: control.GpuControl,
     log: structlog.typing.FilteringBoundLogger,
+    api: kube.KubeApi | None = None,
+    devices: inventory.Inventory | None = None,
+    metrics: mps.MpsMetrics | None = None,
 ) -> mps.MpsDaemons:
     """MPS control daemons under ``<plugin dir>/mps``: the stand-in on fake nodes, else the
-    driver root's ``nvidia-cuda-mps-control`` (with its libraries), in a mount namespace whose
-    ``/dev/shm`` is the directory its clients get."""
+    driver root's ``nvidia-cuda-mps-control`` (with its libraries). With
+    ``settings.mps_daemon_image`` each runs in a Pod of its own on this node (through ``api``;
+    ``devices`` gives a GPU's device nodes), else as a process of the agent, in a mount
+    namespace whose ``/dev/shm`` is the directory its clients get."""
+    root_seen = settings.driver_root_mount or settings.driver_root
     command, env = mpsprocess.program(
-        fake=settings.fake,
-        files=files,
-        driver_root_is_slash=(settings.driver_root_mount or settings.driver_root) == Path("/"),
+        fake=settings.fake, files=files, driver_root_is_slash=root_seen == Path("/")
     )
+    runner = None
+    if settings.mps_daemon_image:
+        if api is None or devices is None:
+            raise ValueError("MPS daemon Pods need the API server and the node's devices")
+        runner = _pod_runner(settings, api=api, devices=devices, log=log.bind(component="mps"))
     return mps.MpsDaemons(
         root=settings.plugin_dir / "mps",
         command=command,
@@ -63,7 +86,49 @@ def mps_daemons_for(
         log=log.bind(component="mps"),
         env=env,
         isolate_shm=not settings.fake,
+        runner=runner,
+        metrics=metrics,
     )
+
+
+def _pod_runner(
+    settings: PluginSettings,
+    *,
+    api: kube.KubeApi,
+    devices: inventory.Inventory,
+    log: structlog.typing.FilteringBoundLogger,
+) -> Callable[[mpsprocess.Processes], mpsrunner.DaemonRunner]:
+    root_seen = settings.driver_root_mount or settings.driver_root
+
+    def nodes(device: mpsrecords.DaemonDevice) -> tuple[str, ...]:
+        known = devices.get(device.name)
+        return known.device_nodes if known is not None else ()
+
+    def build(processes: mpsprocess.Processes) -> mpsrunner.DaemonRunner:
+        from dra_driver.kube import objectclient  # the client library, only when it is needed
+
+        template = mpspodspec.PodTemplate(
+            driver_name=settings.driver_name,
+            node_name=settings.node_name,
+            namespace=settings.pod_namespace,
+            image=settings.mps_daemon_image,
+            command=processes.command,
+            env=processes.env,
+            device_nodes=nodes,
+            fake_device_node=cdi.FAKE_DEVICE_NODE if settings.fake else None,
+            driver_root=None if settings.fake else (str(settings.driver_root), str(root_seen)),
+            privileged=not settings.fake,
+        )
+        return mpspod.PodRunner(
+            objects=objectclient.objects_for(api),
+            template=template,
+            owner=lambda: api.get_node(settings.node_name),
+            processes=processes,
+            log=log,
+            ready_timeout_s=settings.mps_ready_timeout_s,
+        )
+
+    return build
 
 
 def mig_control_for(

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from dra_driver import healthcontrol
+from dra_driver.computedomain.settings import ComputeDomainSettings
 from dra_driver.devices import healthpolicy, migprofiles
 from dra_driver.driver import checkpoint
 from dra_driver.kubelet import server
@@ -53,7 +54,12 @@ class PluginSettings:
     shareable: shares.Shareable = shares.NONE  # GPUs published with consumable capacity
     gpu_sets: bool = True  # set ranks on the GPU devices (--gpu-sets, docs/topology.md)
     mps_check_interval_s: float = 10.0  # how often dead MPS daemons are looked for (0 = never)
+    mps_daemon_image: str = ""  # set: MPS control daemons run in Pods of this image (sharing.md)
+    pod_namespace: str = ""  # the agent's namespace (POD_NAMESPACE): where those Pods are made
+    mps_ready_timeout_s: float = 30.0  # a daemon Pod is Ready within this, or the claim fails
     gpu_metrics_interval_s: float = 15.0  # one NVML telemetry pass per interval (0 = off)
+    # The second driver, compute-domain.nvidia.com (docs/computedomains.md); None = off.
+    compute_domains: ComputeDomainSettings | None = None
 
     @property
     def plugin_dir(self) -> Path:

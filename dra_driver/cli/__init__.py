@@ -31,6 +31,8 @@ SUMMARIES = {
     "device-plugin": "serve nvidia.com/gpu through the kubelet device plugin API",
     "fake-event": "make a fake GPU of a running node agent fail or recover (fake nodes)",
     "doctor": "check what the API server serves and keeps of our slices, and our RBAC",
+    "controller": "run the ComputeDomain controller (multi-node NVLink, IMEX)",
+    "imex-daemon": "run NVIDIA's IMEX daemon in a ComputeDomain daemon pod, report readiness",
 }
 
 Handler = Callable[[argparse.Namespace], int]

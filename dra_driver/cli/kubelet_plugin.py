@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from dra_driver import app, cli, health_server, logs, metrics
-from dra_driver.cli import common, healthflags, labelflags
+from dra_driver.cli import cdflags, common, healthflags, labelflags, mpsflags
 from dra_driver.devices import backend
 from dra_driver.driver import checkpoint
 from dra_driver.kubelet import server
@@ -144,6 +144,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     health_server.add_flags(parser)
     healthflags.add_flags(parser)
     labelflags.add_flags(parser)
+    cdflags.add_flags(parser)
+    mpsflags.add_flags(parser)
     parser.set_defaults(handler=run)
 
 
@@ -192,6 +194,8 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         gpu_sets=common.gpu_sets_from(args),
         mps_check_interval_s=args.mps_check_interval,
         gpu_metrics_interval_s=args.gpu_metrics_interval,
+        compute_domains=cdflags.settings_from(args),
+        **mpsflags.settings_from(args),
     )
 
 

@@ -9,10 +9,11 @@ and error mapping (every failure is the port's :class:`~dra_driver.kube.api.ApiE
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 from dra_driver.kube import api
 from dra_driver.kube.client import KubeClient
-from dra_driver.kube.objects import Kind
+from dra_driver.kube.objects import Kind, ObjectApi
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -102,6 +103,18 @@ class ObjectClient:
             timeout=(self._client._timeout[0], silence),
         )
         return self._client._events(response, silence)
+
+
+def objects_for(api: object) -> ObjectApi:
+    """The generic object verbs over an agent's API connection: an :class:`ObjectClient` over a
+    :class:`KubeClient`, or the in-memory API's own store (``.objects``) when the agent runs
+    in-process against it. Raises ValueError for a connection that offers neither."""
+    store = getattr(api, "objects", None)
+    if store is not None:
+        return cast(ObjectApi, store)
+    if not isinstance(api, KubeClient):
+        raise ValueError(f"{type(api).__name__} gives no generic object access")
+    return ObjectClient(api)
 
 
 def _collection(kind: Kind, namespace: str | None) -> str:

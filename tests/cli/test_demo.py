@@ -19,7 +19,7 @@ def test_demo_default_profile_runs_green() -> None:
         [sys.executable, "-m", "dra_driver", "--log-format", "json", "demo"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -44,16 +44,16 @@ def test_demo_default_profile_runs_green() -> None:
     assert "allocated: gpu-" in out and "(request gpu/h100)" in out
     assert '"kind": "k8s.gpu.nvidia.com/claim"' in out
     # The health scene: a GPU fails, is tainted, and recovers.
-    assert "Scene 2 of 5: health" in out
+    assert "Scene 2 of 6: health" in out
     assert "key: gpu.nvidia.com/xid" in out and "effect: NoExecute" in out
     assert "[ok] discover shows gpu-0 Unhealthy (xid=79)" in out
     assert "[ok] gpu-0 left every ranked set (setRank2..7 = 0)" in out
     assert "[ok] an eight-GPU claim no longer fits:" in out
     assert "[ok] the eight-GPU claim fits again" in out
     assert "[ok] discover: gpu-0 Healthy, recoveries 2" in out
-    assert "Scene 3 of 5: topology" in out
+    assert "Scene 3 of 6: topology" in out
     # The dynamic MIG scene: one H100 as 1g.10gb + 2g.20gb + 3g.40gb, made and destroyed.
-    assert "Scene 4 of 5: mig" in out
+    assert "Scene 4 of 6: mig" in out
     for name, device in (
         ("small (1g.10gb)", "gpu-0-mig-1g-10gb-0"),
         ("medium (2g.20gb)", "gpu-0-mig-2g-20gb-2"),
@@ -68,9 +68,13 @@ def test_demo_default_profile_runs_green() -> None:
     assert "[ok] all three unprepared; instances left on gpu-0: []" in out
     assert "[ok] gpu-0: MIG mode switched off for the full GPU" in out
     # The sharing scene: three shares of one H100 through one MPS daemon.
-    assert "Scene 5 of 5: sharing" in out
+    assert "Scene 5 of 6: sharing" in out
     assert "[ok] one MPS control daemon serves gpu-0 for all three" in out
     assert "[ok] share-c: unprepared; MPS daemon gone" in out
+    # The ComputeDomain scene: a 2-node job gets IMEX channels, another clique is refused.
+    assert "Scene 6 of 6: compute-domain" in out
+    assert "[ok] ComputeDomain demo/nccl-job status: Ready" in out
+    assert "[ok] refused, saying why (the domain lives in clique A)" in out
     assert out.rstrip().endswith("demo OK: every step did what it must.")
 
 
@@ -155,3 +159,10 @@ def test_sharing_scene_shares_one_h100_and_stops_the_daemon_with_the_last_share(
     assert "gpu-0: 0 of memory left, 20Gi requested" in text
     assert "[ok] share-c: unprepared; MPS daemon gone" in text
     assert "[ok] gpu-0 back in compute mode Default" in text
+    # The daemon runs in a Pod of its own, made through the demo's API server.
+    assert (
+        "[ok] one MPS control daemon serves gpu-0 for all three: Pod dra-driver/mps-n1-gpu-0-"
+        in text
+    )
+    assert "[ok] the daemon Pod is pinned to n1, runs dra-driver:demo and is Ready" in text
+    assert "[ok] the test kubelet ended the deleted Pod's daemon" in text

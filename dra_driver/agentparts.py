@@ -1,0 +1,223 @@
+"""The node agent's long-lived parts, each built from the settings: the driver core with its
+checkpoint recovered, the ResourceSlice publisher and the Node's GPU labeller.
+
+Why it exists apart from :mod:`dra_driver.app`: ``app.run`` composes these parts, orders their
+start and shutdown and answers signals; building each part is a job of its own, which tests,
+the fault suite and the demo also do one part at a time (``app`` re-exports the builders).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import structlog
+
+from dra_driver import health_server
+from dra_driver import metrics as metrics_mod
+from dra_driver.devices import (
+    control,
+    health,
+    holdings,
+    migcontrol,
+    model,
+)
+from dra_driver.driver import (
+    cdi,
+    checkpoint,
+    claimstatus,
+    driverfiles,
+    instances,
+    inventory,
+    mpsclaims,
+    sharing,
+    state,
+)
+from dra_driver.driver import driver as driver_mod
+from dra_driver.driver import mig as mig_mod
+from dra_driver.kube import api as kube
+from dra_driver.nodelabels import agent as nodelabels
+from dra_driver.nodelabels import compute as labels_compute
+from dra_driver.nodeparts import gpu_control_for, mps_daemons_for
+from dra_driver.pluginsettings import PluginSettings
+from dra_driver.slices import leader, nodepublisher, serverfeatures
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+class StartupError(Exception):
+    """The agent cannot start; the message says what to fix."""
+
+
+def build_driver(
+    settings: PluginSettings,
+    *,
+    devices: model.NodeDevices,
+    api: kube.KubeApi,
+    log: structlog.typing.FilteringBoundLogger,
+    gpu_control: control.GpuControl | None = None,
+    metrics: metrics_mod.DriverMetrics | None = None,
+    device_taints: state.DeviceTaints | None = None,
+    mig_control: migcontrol.MigControl | None = None,
+    held_gpus: holdings.HeldGpus | None = None,
+) -> driver_mod.Driver:
+    """The driver core for ``devices``, with its checkpoint recovered (usable without gRPC).
+
+    ``gpu_control`` (for tests) replaces the one :func:`gpu_control_for` picks;
+    ``device_taints`` (a device's taints now) makes prepare refuse untolerated taints;
+    ``mig_control`` (:func:`mig_control_for`) creates and destroys dynamic MIG instances;
+    ``held_gpus`` hears which full GPUs the prepared claims hold (from recovery on)."""
+    mig_minors = None if settings.fake else inventory.read_mig_minors()
+    files = driverfiles.discover(settings.driver_root, mount=settings.driver_root_mount)
+    if not files:
+        log.warning(
+            "no NVIDIA driver libraries found; containers get device nodes only",
+            driver_root=str(settings.driver_root),
+            searched=str(settings.driver_root_mount or settings.driver_root),
+        )
+    specs = cdi.CdiSpecs(
+        root=settings.cdi_root,
+        driver_name=settings.driver_name,
+        host=cdi.HostDevices(
+            fake_node=cdi.FAKE_DEVICE_NODE if settings.fake else None, dev_root=settings.dev_root
+        ),
+        driver_files=files,
+    )
+    # Shared with another instance (seamless upgrade): locks, and state re-read from disk.
+    locks = instances.ClaimFileLocks(directory=settings.lock_dir) if settings.pod_uid else None
+    store = (instances.SharedCheckpoint if locks else checkpoint.Checkpoint)(
+        directory=settings.plugin_dir,
+        boot_id=checkpoint.read_boot_id(settings.boot_id_file),
+        log=log,
+    )
+    control_ = gpu_control or gpu_control_for(settings, devices=devices, files=files)
+    preparable = inventory.build(devices, mig_minors=mig_minors, dynamic=settings.dynamic)
+    claim_state = state.ClaimState(
+        api=api,
+        driver_name=settings.driver_name,
+        pool_name=settings.node_name,
+        devices=preparable,
+        specs=specs,
+        store=store,
+        log=log,
+        gpu_sharing=sharing.GpuSharing(
+            gpu_control=control_,
+            log=log,
+            others=(
+                instances.SharedSharing(store=store, locks=locks, devices=preparable)
+                if locks
+                else None
+            ),
+        ),
+        mps=mpsclaims.MpsClaims(
+            daemons=mps_daemons_for(
+                settings,
+                files=files,
+                gpu_control=control_,
+                log=log,
+                api=api,
+                devices=preparable,
+                metrics=metrics,
+            ),
+            store=store,
+            devices=preparable,
+            gpu_memory=mpsclaims.gpu_memory(devices),
+            driver_name=settings.driver_name,
+            log=log,
+        ),
+        mig_instances=mig_mod.MigInstances(control=mig_control, devices=preparable, log=log),
+        device_taints=device_taints,
+        held_gpus=held_gpus,
+    )
+    if locks is None:
+        claim_state.recover()
+    else:
+        claim_state.ownership = instances.SharedOwnership(store=store, locks=locks)
+        with locks.exclusive():  # never while the other instance is inside a claim
+            claim_state.recover()
+    driver = driver_mod.Driver(
+        claim_state=claim_state,
+        log=log,
+        workers=settings.workers,
+        serial=settings.serial,
+        metrics=metrics,
+        claim_lock=locks.hold if locks else None,
+        status=claimstatus.StatusWriter(
+            api=api,
+            store=store,
+            devices=preparable,
+            gpus=claimstatus.gpu_facts(devices),
+            driver_name=settings.driver_name,
+            log=log.bind(component="claim-status"),
+            metrics=metrics,
+        ),
+    )
+    driver.update_gauges()
+    return driver
+
+
+def start_publisher(
+    settings: PluginSettings,
+    *,
+    devices: model.NodeDevices,
+    api: kube.KubeApi,
+    log: structlog.typing.FilteringBoundLogger,
+    metrics: metrics_mod.DriverMetrics | None = None,
+    readiness: health_server.Readiness | None = None,
+    board: health.HealthBoard | None = None,
+    held: holdings.HeldGpus | None = None,
+    features: serverfeatures.ServerFeatures | None = None,
+) -> nodepublisher.NodePublisher | None:
+    """Keep this node's ResourceSlices published (unless ``settings.publish`` is off), as the
+    one publishing instance of the node, with the taints of ``board``'s unhealthy GPUs and the
+    set ranks of the GPUs ``held`` leaves free, re-published whenever either changes;
+    ``readiness``'s ``slices_published`` follows it. ``features``: what the API server keeps
+    (probed already); publishing adapts to it and to what re-probes find."""
+    if not settings.publish:
+        log.info("not publishing ResourceSlices (disabled)")
+        return None
+    node = nodepublisher.NodePublisher(
+        driver_name=settings.driver_name,
+        node_name=settings.node_name,
+        devices=devices,
+        api=api,
+        lock_file=settings.plugin_dir / leader.LOCK_FILE,
+        grace_s=settings.publish_grace_s,
+        watch_timeout_s=settings.watch_timeout_s,
+        log=log.bind(component="publisher"),
+        metrics=metrics,
+        board=board,
+        dynamic_mig=settings.dynamic,
+        shareable=settings.shareable,
+        gpu_sets=settings.gpu_sets,
+        held=held,
+        features=features,
+    )
+    if readiness is not None:
+        readiness.set_check("slices_published", node.published)
+    node.start()
+    return node
+
+
+def start_node_labels(
+    settings: PluginSettings,
+    *,
+    devices: model.NodeDevices,
+    api: kube.KubeApi,
+    source: health.HealthSource,
+    log: structlog.typing.FilteringBoundLogger,
+) -> Stoppable | None:
+    """Keep this node's GPU labels on its Node (unless ``settings.node_labels`` is off)."""
+    if not settings.node_labels:
+        log.info("not labelling the Node (disabled)")
+        return None
+    return nodelabels.start(
+        kube=api,
+        node_name=settings.node_name,
+        devices=devices,
+        settings=labels_compute.Settings(),  # DRA: whole GPUs and MIG devices side by side
+        source=source,
+        log=log.bind(component="node-labels"),
+        resync_s=settings.node_labels_resync_s,
+    )
