@@ -83,6 +83,12 @@ def test_share_pair_on_one_gpu_each_sees_its_mps_limits(
     # A process of the agent (pid), or a Pod of its own where the chart runs daemons in Pods.
     assert record["state"] == "Running" and (record.get("pid") or record.get("podUid")), record
     assert [d["uuid"] for d in record["devices"]] == [uuid], record
+    if record.get("pod"):  # the chart's default: the daemon in a Pod of its own on this node
+        daemon_pod = cluster.pod(kube.AGENT_NAMESPACE, record["pod"])
+        assert daemon_pod["metadata"]["uid"] == record["podUid"], daemon_pod["metadata"]
+        assert daemon_pod["spec"]["nodeName"] == node, daemon_pod["spec"]
+        ready = {c["type"]: c["status"] for c in daemon_pod["status"].get("conditions") or []}
+        assert ready.get("Ready") == "True", daemon_pod["status"]
 
     # The first share going (unprepared: its CDI spec removed) leaves the daemon to the other ...
     uid_a = cluster.pod_claim(ns, a, "gpu")["metadata"]["uid"]
@@ -106,3 +112,6 @@ def test_share_pair_on_one_gpu_each_sees_its_mps_limits(
         60,
         lambda: f"the MPS daemon of {device} on {node} outlived its last share",
     )
+    if record.get("pod"):  # ... and its Pod is deleted with it
+        pods = cluster.list_objects("v1", "Pod", namespace=kube.AGENT_NAMESPACE)
+        assert record["pod"] not in [p["metadata"]["name"] for p in pods], record["pod"]
