@@ -131,7 +131,10 @@ class Membership:
         domain = cdapi.Domain.from_obj(obj)
         if domain.uid != domain_uid:
             return  # another domain of that name now: ours is gone
-        self._update(domain, change, first=obj)
+        try:
+            self._update(domain, change, first=obj)
+        except api.NotFound:
+            return  # deleted meanwhile (its finalizer went between our read and our write)
 
     def _update(
         self,

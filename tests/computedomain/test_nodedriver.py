@@ -281,3 +281,34 @@ def test_claims_not_made_from_a_domain_template_are_refused(tmp_path: Path) -> N
     mem.put_resource_claim(obj)
     assert "does not exist" in drv.prepare([job])[job.uid].error
     assert cdkit.label(mem, "a1") is None and dom
+
+
+def test_leaving_a_domain_deleted_between_read_and_write_is_done(tmp_path: Path) -> None:
+    """The domain's finalizer can go (and the domain with it) between the node's read of the
+    domain and its status write: leaving it is then done, not an unprepare error."""
+    from dra_driver import logs
+    from dra_driver.computedomain import membership
+
+    mem = cdkit.cluster()
+    dom = cdapi.Domain.from_obj(cdkit.domain(mem))
+    member = membership.Membership(
+        kube=mem,
+        objects=mem.objects,
+        node_name="a1",
+        node_ip="10.0.0.1",
+        clique="clique-a",
+        log=logs.get("test"),
+    )
+    member.join(dom)
+    real_update = mem.objects.update_status
+
+    def deleted_first(kind: Any, obj: dict[str, Any]) -> dict[str, Any]:
+        current = mem.objects.get(kind, obj["metadata"]["name"], namespace=NS)
+        current["metadata"]["finalizers"] = []
+        mem.objects.update(kind, current)  # the controller's last step: the domain is gone
+        mem.objects.delete(kind, obj["metadata"]["name"], namespace=NS)
+        return real_update(kind, obj)
+
+    mem.objects.update_status = deleted_first  # type: ignore[method-assign]
+    member.leave(dom.uid, dom.namespace, dom.name)  # no error
+    assert mem.objects.all(COMPUTE_DOMAINS) == []
