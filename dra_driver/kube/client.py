@@ -204,8 +204,20 @@ class KubeClient:
     def watch_resource_slices(
         self, *, driver: str, node_name: str, resource_version: str, timeout_s: float
     ) -> Iterator[api.WatchEvent]:
+        query = [("fieldSelector", _selector(driver, node_name))]
+        return self._watch(f"{_GROUP}/resourceslices", query, resource_version, timeout_s)
+
+    def _watch(
+        self,
+        path: str,
+        query: list[tuple[str, str]],
+        resource_version: str,
+        timeout_s: float,
+    ) -> Iterator[api.WatchEvent]:
+        """A watch of the collection at ``path`` (``query``: its selectors) from
+        ``resource_version``, ended by the server after ``timeout_s``."""
         query = [
-            ("fieldSelector", _selector(driver, node_name)),
+            *query,
             ("watch", "1"),
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", str(max(1, int(timeout_s)))),
@@ -213,13 +225,8 @@ class KubeClient:
         if resource_version:
             query.append(("resourceVersion", resource_version))
         silence = timeout_s + self._watch_silence_s  # the longest read a live watch may take
-        response = self._request(
-            "GET",
-            f"{_GROUP}/resourceslices",
-            query=query,
-            timeout=(self._timeout[0], silence),
-        )
-        return self._events(response, silence)
+        response = self._request("GET", path, query=query, timeout=(self._timeout[0], silence))
+        return self._events(response, silence, path.rsplit("/", 1)[-1])
 
     # ------------------------------------------------------------------ beyond the port
     # What ``dra-driver doctor`` asks (:mod:`dra_driver.kube.features`); the agent never does.
@@ -338,7 +345,7 @@ class KubeClient:
             raise _error(method, path, response.status, data)
         return response
 
-    def _events(self, response: Any, silence: float) -> Iterator[api.WatchEvent]:
+    def _events(self, response: Any, silence: float, what: str) -> Iterator[api.WatchEvent]:
         buffer = b""
         try:
             for chunk in response.stream(65536):
@@ -346,15 +353,15 @@ class KubeClient:
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
-                        yield _event(line)
+                        yield _event(line, what)
             if buffer.strip():
-                yield _event(buffer)
+                yield _event(buffer, what)
         except urllib3.exceptions.ReadTimeoutError as exc:
             raise api.ApiError(
-                0, f"watch of resourceslices silent for {silence:g}s: connection presumed dead"
+                0, f"watch of {what} silent for {silence:g}s: connection presumed dead"
             ) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise api.ApiError(0, f"watch of resourceslices broke off: {exc}") from exc
+            raise api.ApiError(0, f"watch of {what} broke off: {exc}") from exc
         finally:
             response.release_conn()
 
@@ -381,12 +388,12 @@ def _selector(driver: str, node_name: str) -> str:
     return ",".join(t for t in terms if t)
 
 
-def _event(line: bytes) -> api.WatchEvent:
+def _event(line: bytes, what: str) -> api.WatchEvent:
     try:
         raw = json.loads(line)
         return api.WatchEvent(raw["type"], raw["object"])
     except (ValueError, KeyError, TypeError) as exc:
-        raise api.ApiError(0, f"watch of resourceslices sent an unreadable event: {exc}") from exc
+        raise api.ApiError(0, f"watch of {what} sent an unreadable event: {exc}") from exc
 
 
 def _error(method: str, path: str, status: int, data: bytes) -> api.ApiError:

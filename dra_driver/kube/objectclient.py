@@ -87,22 +87,12 @@ class ObjectClient:
         resource_version: str,
         timeout_s: float,
     ) -> Iterator[api.WatchEvent]:
-        query = [
-            *_selectors(label_selector, field_selector),
-            ("watch", "1"),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", str(max(1, int(timeout_s)))),
-        ]
-        if resource_version:
-            query.append(("resourceVersion", resource_version))
-        silence = timeout_s + self._client._watch_silence_s
-        response = self._client._request(
-            "GET",
+        return self._client._watch(
             _collection(kind, namespace),
-            query=query,
-            timeout=(self._client._timeout[0], silence),
+            _selectors(label_selector, field_selector),
+            resource_version,
+            timeout_s,
         )
-        return self._client._events(response, silence)
 
 
 def objects_for(api: object) -> ObjectApi:

@@ -223,16 +223,6 @@ class InMemoryApi(memstate.ClusterState):
         *,
         deleting: bool = False,
     ) -> None:
-        current, current_uid = old["metadata"]["resourceVersion"], old["metadata"]["uid"]
-        if uid and uid != current_uid:
-            detail = f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
-            raise self._fail(
-                method, name, 409, serverbits.conflict_message(name, detail + current_uid)
-            )
-        if rv and rv != current:
-            message = (
-                serverbits.stale_delete(name, rv, current)
-                if deleting
-                else serverbits.stale_update(name)
-            )
+        message = serverbits.precondition_failure(name, old["metadata"], rv, uid, deleting=deleting)
+        if message is not None:
             raise self._fail(method, name, 409, message)

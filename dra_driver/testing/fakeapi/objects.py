@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from dra_driver.kube import api
 from dra_driver.kube.objects import KINDS, Kind
-from dra_driver.testing.fakeapi import eventlog, selectors, serverbits
+from dra_driver.testing.fakeapi import eventlog, nodes, selectors, serverbits
 
 Obj = api.Obj
 Validator = serverbits.Validator
@@ -161,7 +161,7 @@ class ObjectStore:
                     f'{kind.kind} "{name}" is invalid: metadata.resourceVersion: Invalid '
                     "value: 0: must be specified for an update",
                 )
-            self._precondition(method, kind, old, meta.get("resourceVersion"), meta.get("uid"))
+            self._precondition(method, old, meta.get("resourceVersion"), meta.get("uid"))
             if status:  # the status subresource: everything but status stays
                 new = {**copy.deepcopy(old), "status": new.get("status") or {}}
             else:
@@ -189,10 +189,10 @@ class ObjectStore:
             patch = copy.deepcopy(patch)
             meta = patch.get("metadata") or {}
             if isinstance(meta, dict) and meta.get("resourceVersion"):
-                self._precondition(method, kind, old, meta["resourceVersion"], None)
+                self._precondition(method, old, meta["resourceVersion"], None)
             if kind.status:
                 patch.pop("status", None)
-            new = serverbits.merge_patch(copy.deepcopy(old), patch)
+            new = nodes.merge_patch(copy.deepcopy(old), patch)
             return self._replace(method, kind, old["metadata"].get("namespace") or "", old, new)
 
     def delete(
@@ -208,7 +208,7 @@ class ObjectStore:
         with self._lock:
             self._cluster._enter(method, name)
             old = self._find(kind, namespace, name)
-            self._precondition(method, kind, old, resource_version, uid, deleting=True)
+            self._precondition(method, old, resource_version, uid, deleting=True)
             self._admit(method, "delete", kind, None, old)
             self._cluster._record(method, name)
             self._delete(kind, old)
@@ -330,25 +330,15 @@ class ObjectStore:
     def _precondition(
         self,
         method: str,
-        kind: Kind,
         old: Obj,
         rv: str | None,
         uid: str | None,
         *,
         deleting: bool = False,
     ) -> None:
-        meta, name = old["metadata"], old["metadata"]["name"]
-        if uid and uid != meta["uid"]:
-            detail = f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
-            raise self._cluster._fail(
-                method, name, 409, serverbits.conflict_message(name, detail + meta["uid"])
-            )
-        if rv and rv != meta["resourceVersion"]:
-            message = (
-                serverbits.stale_delete(name, rv, meta["resourceVersion"])
-                if deleting
-                else serverbits.stale_update(name)
-            )
+        name = old["metadata"]["name"]
+        message = serverbits.precondition_failure(name, old["metadata"], rv, uid, deleting=deleting)
+        if message is not None:
             raise self._cluster._fail(method, name, 409, message)
 
     def _replace(self, method: str, kind: Kind, namespace: str, old: Obj, new: Obj) -> Obj:

@@ -4,13 +4,12 @@ the real client adapter.
 Why it exists: the HTTP status → port error mapping must be the same whether the error came
 from the fake or over the wire, and the bits of bookkeeping the server does on a write
 (``generateName`` suffixes, ``timeAdded`` on taints, the 409 messages, the field-selector match,
-JSON merge patches, strict schema checks of generic kinds) are facts about the server, not about
+write preconditions, strict schema checks of generic kinds) are facts about the server, not about
 any one fake. Pure functions, no client library.
 """
 
 from __future__ import annotations
 
-import copy
 import datetime
 import random
 from collections.abc import Callable, Container
@@ -95,18 +94,17 @@ def slice_selected(obj: api.Obj, driver: str, node_name: str) -> bool:
     )
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: ``null`` removes a key, objects merge, the rest replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    if not isinstance(target, dict):
-        target = {}
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        else:
-            target[key] = merge_patch(target.get(key), value)
-    return target
+def precondition_failure(
+    name: str, meta: dict[str, Any], rv: str | None, uid: str | None, *, deleting: bool = False
+) -> str | None:
+    """The 409 message when a write's preconditions (``uid``, ``resourceVersion``) do not match
+    the stored object's ``meta``; None when they hold."""
+    if uid and uid != meta["uid"]:
+        detail = f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+        return conflict_message(name, detail + meta["uid"])
+    if rv and rv != meta["resourceVersion"]:
+        return stale_delete(name, rv, meta["resourceVersion"]) if deleting else stale_update(name)
+    return None
 
 
 def schema_errors(kind: objects.Kind, obj: api.Obj, validator: Validator | None) -> list[str]:
