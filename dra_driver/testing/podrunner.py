@@ -256,7 +256,8 @@ class PodKubelet:
         self.node_name = node_name
         self.base = base
         self.probe_period_s = probe_period_s
-        self.pods: dict[str, RunningPod] = {}  # by UID, every Pod ever run
+        self.pods: dict[str, RunningPod] = {}  # by UID, every Pod ever run; changed under _lock
+        self._lock = threading.Lock()  # the watch thread adds Pods while callers read them
         self.started: list[tuple[str, str, int]] = []  # (name, uid, pid)
         self.ended: list[tuple[str, str, int]] = []  # ended because the Pod was deleted
         self._stop = threading.Event()
@@ -272,7 +273,7 @@ class PodKubelet:
         self._stop.set()
         self._thread.join(timeout=10)
         if kill:
-            for pod in list(self.pods.values()):
+            for pod in self._snapshot():
                 pod.kill()
 
     def __enter__(self) -> PodKubelet:
@@ -285,9 +286,13 @@ class PodKubelet:
         """Pods whose process runs now, by name."""
         return {
             p.name: p
-            for p in self.pods.values()
+            for p in self._snapshot()
             if p.proc is not None and p.proc.poll() is None and not p.deleted.is_set()
         }
+
+    def _snapshot(self) -> list[RunningPod]:
+        with self._lock:
+            return list(self.pods.values())
 
     def wait(self, condition: Any, timeout_s: float = 20.0) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -351,8 +356,11 @@ class PodKubelet:
             if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue  # ended before we (a new kubelet) saw it
             running = RunningPod(self, pod)
-            self.pods[uid] = running
+            with self._lock:
+                self.pods[uid] = running
             running.thread.start()
-        for uid, running in self.pods.items():
+        with self._lock:
+            known = list(self.pods.items())
+        for uid, running in known:
             if uid not in alive and not running.deleted.is_set():
                 running.deleted.set()

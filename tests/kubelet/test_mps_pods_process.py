@@ -209,8 +209,15 @@ def test_two_agents_at_once_never_run_two_daemons_for_one_gpu(
     refs = [share_claim(apiserver, f"s{i}", f"gpu-{i % 2}") for i in range(6)]
     most: collections.Counter[str] = collections.Counter()
     stop = threading.Event()
+    sampling_errors: list[BaseException] = []
 
     def sample() -> None:  # at every moment: daemons running and Pods per GPU
+        try:
+            sample_until_stopped()
+        except BaseException as e:  # a dead sampler must fail the test by name, not by counts
+            sampling_errors.append(e)
+
+    def sample_until_stopped() -> None:
         while not stop.is_set():
             per_gpu: collections.Counter[str] = collections.Counter()
             for pod in apiserver.api.objects.all(PODS):
@@ -242,6 +249,7 @@ def test_two_agents_at_once_never_run_two_daemons_for_one_gpu(
         assert [r.claims[refs[i].uid].error for i, r in enumerate(gone)] == [""] * 6
         stop.set()
         sampler.join()
+        assert sampling_errors == []
         assert all_pods(apiserver) == {}
         assert max(most.values()) == 1, most
         assert {k.split()[0] for k in most} == {"pods", "daemons"}
