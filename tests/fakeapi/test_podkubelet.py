@@ -131,3 +131,42 @@ def test_host_paths_are_checked_and_other_nodes_pods_left_alone(
     mem.objects.create(PODS, pod("elsewhere", "sleep 60", node="n2"))
     time.sleep(0.5)
     assert "elsewhere" not in kubelet.running() and not status(mem, "elsewhere")
+
+
+def test_running_is_read_whole_while_the_watch_adds_a_pod(
+    mem: memory.InMemoryApi, tmp_path: Path
+) -> None:
+    """The watch thread adds Pods while a test reads ``running()``: the read must not break.
+
+    Made deterministic: the first Pod's ``poll()`` (called while ``running()`` walks the table)
+    is where the "watch" adds the second Pod. Without the table's lock and snapshot, this
+    raised ``RuntimeError: dictionary changed size during iteration`` (a CI failure)."""
+    kubelet = PodKubelet(mem.objects, node_name="n1", base=tmp_path / "pods")
+    kubelet.base.mkdir(parents=True)
+    first = mem.objects.create(PODS, pod("first", "sleep 30"))
+    second = mem.objects.create(PODS, pod("second", "sleep 30"))
+    try:
+        kubelet._sync([first])
+        assert kubelet.wait(lambda: set(kubelet.running()) == {"first"})
+        running = kubelet.pods[first["metadata"]["uid"]]
+        real = running.proc
+        added: list[bool] = []
+
+        class WatchAddsAPodMeanwhile:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            def poll(self) -> int | None:
+                if not added:
+                    added.append(True)
+                    kubelet._sync([first, second])
+                return real.poll() if real is not None else None
+
+        running.proc = WatchAddsAPodMeanwhile()  # type: ignore[assignment]
+        assert set(kubelet.running()) == {"first"}  # the table as it was when read
+        assert added == [True]
+        running.proc = real
+        assert kubelet.wait(lambda: set(kubelet.running()) == {"first", "second"})
+    finally:
+        for p in list(kubelet.pods.values()):
+            p.kill()
