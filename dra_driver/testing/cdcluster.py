@@ -273,7 +273,7 @@ class DaemonPods:
         wanted: dict[tuple[str, str], dict[str, Any]] = {}
         for ds in sets:
             selector = ds["spec"]["template"]["spec"].get("nodeSelector") or {}
-            for node in cluster.nodes.values():
+            for node in list(cluster.nodes.values()):  # a test may add a node meanwhile
                 labels = cluster.api.get_node(node.name)["metadata"].get("labels") or {}
                 if all(labels.get(k) == v for k, v in selector.items()):
                     wanted[(ds["metadata"]["name"], node.name)] = ds
