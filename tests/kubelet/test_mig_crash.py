@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
-import threading
-import time
 from pathlib import Path
 
 from dra_driver.devices.fake import migstate
@@ -21,9 +18,8 @@ from dra_driver.testing.fakeapi import fakeserver
 from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
 from .claimkit import put_claim
-from .test_crash import _churn
+from .test_crash import MIN_CALLS, kill_under_load
 
-BUDGET_S = 10.0
 # Placements the scheduler could hand out together (no two share a memory slice).
 DEVICES = (
     "gpu-0-mig-1g-10gb-0",
@@ -67,27 +63,11 @@ def test_sigkill_at_random_points_leaves_no_orphan_mig_instance(
         for i, d in enumerate(DEVICES)
     ]
     kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
-    kills = 0
     outcome: dict[str, list[str]] = {"errors": [], "calls": [], "interrupted": []}
-    started = time.monotonic()
-    while time.monotonic() - started < BUDGET_S or kills < 3:  # slow machines: 3 kills at least
-        plugin = _plugin(short_dir, kubeconfig).start()
-        plugin.wait_ready()
-        kubelet = KubeletSim(plugin.registry_dir)
-        kubelet.register("gpu.nvidia.com")
-        stop = threading.Event()
-        churn = threading.Thread(target=_churn, args=(kubelet, refs, rng, stop, outcome))
-        churn.start()
-        time.sleep(rng.uniform(0.05, 0.5))
-        plugin.signal(signal.SIGKILL)
-        plugin.wait()
-        stop.set()
-        churn.join(timeout=60)
-        kubelet.close()
-        kills += 1
+    kills = kill_under_load(lambda: _plugin(short_dir, kubeconfig), refs, rng, outcome, (0.05, 0.5))
     assert kills >= 3
     assert outcome["errors"] == []
-    assert len(outcome["calls"]) >= kills
+    assert len(outcome["calls"]) >= MIN_CALLS
 
     plugin = _plugin(short_dir, kubeconfig).start()
     try:
