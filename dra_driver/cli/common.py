@@ -38,6 +38,18 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_kubeconfig(parser: argparse.ArgumentParser) -> None:
+    """``--kubeconfig`` (env ``KUBECONFIG``) of the subcommands that talk to the API server."""
+    from dra_driver.cli import env_default
+
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=env_default("KUBECONFIG"),
+        help="kubeconfig file; default: in-cluster service account (env KUBECONFIG)",
+    )
+
+
 def add_shareable_flag(parser: argparse.ArgumentParser) -> None:
     """``--shareable none|all|<product regex>`` (env SHAREABLE): GPUs shared by consumable
     capacity (docs/sharing.md)."""

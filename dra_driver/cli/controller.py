@@ -13,7 +13,6 @@ import argparse
 import os
 import socket
 import threading
-from pathlib import Path
 
 from dra_driver import app, cli, health_server, logs
 from dra_driver.cli import common
@@ -24,12 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from dra_driver.cli import env_default
 
     parser = sub.add_parser("controller", help=cli.SUMMARIES["controller"])
-    parser.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=env_default("KUBECONFIG"),
-        help="kubeconfig file; default: in-cluster service account (env KUBECONFIG)",
-    )
+    common.add_kubeconfig(parser)
     parser.add_argument(
         "--namespace",
         default=env_default("POD_NAMESPACE"),

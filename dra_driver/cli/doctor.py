@@ -15,7 +15,6 @@ Exit codes: 0 when the driver can work (whatever it dropped); 1 when it cannot a
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from dra_driver import cli
 from dra_driver.cli import common
@@ -61,12 +60,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "have. Exit 0: the driver can work; 1: it cannot (resource.k8s.io/v1 not served); "
         "2: the server cannot be reached.",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=env_default("KUBECONFIG"),
-        help="kubeconfig file; default: in-cluster service account (env KUBECONFIG)",
-    )
+    common.add_kubeconfig(parser)
     parser.add_argument(
         "--node-name",
         default=env_default("NODE_NAME", PROBE_NODE),

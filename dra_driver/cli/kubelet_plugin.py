@@ -52,12 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=env_default("CDI_ROOT", "/var/run/cdi"),
         help="directory for the per-claim CDI specs (env CDI_ROOT; default /var/run/cdi)",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=env_default("KUBECONFIG"),
-        help="kubeconfig file; default: in-cluster service account (env KUBECONFIG)",
-    )
+    common.add_kubeconfig(parser)
     parser.add_argument(
         "--driver-root",
         type=Path,

@@ -18,7 +18,6 @@ import argparse
 import signal
 import threading
 import time
-from pathlib import Path
 from types import FrameType
 
 from dra_driver import cli, logs
@@ -38,12 +37,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common.add_shareable_flag(parser)
     common.add_dynamic_mig_flag(parser)
     common.add_gpu_sets_flag(parser)
-    parser.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=env_default("KUBECONFIG"),
-        help="kubeconfig file; default: in-cluster service account (env KUBECONFIG)",
-    )
+    common.add_kubeconfig(parser)
     parser.add_argument(
         "--once",
         action="store_true",

@@ -27,7 +27,7 @@ from dra_driver.computedomain import imexconfig
 from dra_driver.demo import report as reporting
 from dra_driver.devices import fake
 from dra_driver.kube.objects import COMPUTE_DOMAINS, DAEMON_SETS, PODS, RESOURCE_CLAIM_TEMPLATES
-from dra_driver.testing import cdcluster
+from dra_driver.testing import cdcluster, polling
 
 NAMESPACE = "demo"
 NODES = (("nvl-a1", 32766, "127.0.0.11"), ("nvl-a2", 32766, "127.0.0.12"))
@@ -68,7 +68,7 @@ def _story(report: Report, cluster: cdcluster.Cluster) -> None:
     api.put_namespace(NAMESPACE)
     for name, clique, ip in (*NODES, *NODES_B):
         cluster.add_node(name, clique_id=clique, ip=ip)
-        slices = cdcluster.wait_for(
+        slices = polling.wait_for(
             functools.partial(_slices, api, name), what=f"{name}'s compute-domain slice"
         )
         devices = [d["name"] for s in slices for d in s["spec"]["devices"]]
@@ -82,9 +82,9 @@ def _story(report: Report, cluster: cdcluster.Cluster) -> None:
     report.section("A ComputeDomain for 2 nodes (a manifest as written for NVIDIA's driver)")
     report.block(DOMAIN)
     api.objects.create(COMPUTE_DOMAINS, yaml.safe_load(DOMAIN))
-    dom = cdcluster.wait_for(lambda: _finalized(api), what="the controller's finalizer")
+    dom = polling.wait_for(lambda: _finalized(api), what="the controller's finalizer")
     uid = dom["metadata"]["uid"]
-    template = cdcluster.wait_for(
+    template = polling.wait_for(
         lambda: cdcluster.get_object(api, RESOURCE_CLAIM_TEMPLATES, "nccl-job-channel", NAMESPACE),
         what="the workload claim template",
     )
@@ -93,7 +93,7 @@ def _story(report: Report, cluster: cdcluster.Cluster) -> None:
         request == cd.CHANNEL_CLASS,
         f"the controller made ResourceClaimTemplate nccl-job-channel ({request})",
     )
-    ds = cdcluster.wait_for(
+    ds = polling.wait_for(
         lambda: api.objects.list(DAEMON_SETS, namespace=cdcluster.DRIVER_NS)[0],
         what="the DaemonSet",
     )
@@ -131,7 +131,7 @@ def _story(report: Report, cluster: cdcluster.Cluster) -> None:
     ips = [ip for _, _, ip in NODES]
     for node, _, _ in NODES:
         directory = cluster.nodes[node].domains_dir / uid
-        listed = cdcluster.wait_for(
+        listed = polling.wait_for(
             functools.partial(_daemon_lists, directory, ips),
             what=f"{node}'s daemon",
             timeout_s=20,
@@ -141,7 +141,7 @@ def _story(report: Report, cluster: cdcluster.Cluster) -> None:
             f"{node}: nodes.cfg lists {', '.join(imexconfig.read_nodes(directory))}; "
             "its daemon reports READY",
         )
-    ready = cdcluster.wait_for(lambda: _status(api) == "Ready", what="status Ready", timeout_s=20)
+    ready = polling.wait_for(lambda: _status(api) == "Ready", what="status Ready", timeout_s=20)
     obj = api.objects.get(COMPUTE_DOMAINS, "nccl-job", namespace=NAMESPACE)
     report.block(
         "\n".join(
@@ -174,7 +174,7 @@ def _story(report: Report, cluster: cdcluster.Cluster) -> None:
             cluster.unprepare(node, ref) == "", f"{node}: the job's pod ended; its claim unprepared"
         )
     with contextlib.suppress(TimeoutError):  # the check below names what is left
-        cdcluster.wait_for(lambda: not _left(cluster), what="everything removed", timeout_s=30)
+        polling.wait_for(lambda: not _left(cluster), what="everything removed", timeout_s=30)
     left = _left(cluster)
     report.check(
         not left,

@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from dra_driver.devices.fake import profiles
 from dra_driver.driver import claims
 from dra_driver.kube import api
 from dra_driver.kube.objects import DAEMON_SETS, PODS, RESOURCE_CLAIM_TEMPLATES, owner_reference
-from dra_driver.testing import cdalloc
+from dra_driver.testing import cdalloc, polling
 from dra_driver.testing import kubeletsim as sim
 from dra_driver.testing.fakeapi import fakeserver, memory
 
@@ -182,7 +181,7 @@ class Cluster:
     # ------------------------------------------------------------------ scheduling and kubelet
     def schedule(self, namespace: str, template: str, *, claim: str, node: str) -> claims.ClaimRef:
         """The claim of a pod on ``node`` from ``template`` (waits for the controller's)."""
-        tmpl = wait_for(
+        tmpl = polling.wait_for(
             lambda: get_object(self.api, RESOURCE_CLAIM_TEMPLATES, template, namespace),
             what=f"ResourceClaimTemplate {namespace}/{template}",
         )
@@ -375,15 +374,3 @@ def get_object(
         return mem.objects.get(kind, name, namespace=namespace)
     except api.NotFound:
         return None
-
-
-def wait_for(check: Callable[[], Any], *, what: str, timeout_s: float = 30.0) -> Any:
-    """``check()``'s first truthy value, polled; TimeoutError naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s}s")
-        time.sleep(0.05)

@@ -35,6 +35,7 @@ from typing import Any
 
 from dra_driver.kube import api
 from dra_driver.kube.objects import PODS, ObjectApi
+from dra_driver.testing import polling
 
 Obj = api.Obj
 
@@ -295,12 +296,7 @@ class PodKubelet:
             return list(self.pods.values())
 
     def wait(self, condition: Any, timeout_s: float = 20.0) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if condition():
-                return True
-            time.sleep(0.02)
-        return bool(condition())
+        return polling.poll(condition, timeout_s, interval_s=0.02)
 
     def write_status(self, pod: RunningPod, status: Obj) -> None:
         """Replace the Pod's status (retried on conflicts; a Pod gone meanwhile is left)."""

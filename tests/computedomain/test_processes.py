@@ -22,7 +22,7 @@ from dra_driver.computedomain import agent, imexconfig
 from dra_driver.computedomain import api as cdapi
 from dra_driver.devices.fake import profiles
 from dra_driver.kube.objects import COMPUTE_DOMAINS, DAEMON_SETS, LEASES, RESOURCE_CLAIM_TEMPLATES
-from dra_driver.testing import cdcluster
+from dra_driver.testing import cdcluster, polling
 from dra_driver.testing import kubeletsim as sim
 
 NS = "team"
@@ -68,7 +68,7 @@ def _entries(c: cdcluster.Cluster) -> dict[str, str]:
 
 def _domain(c: cdcluster.Cluster, nodes: int) -> dict[str, Any]:
     c.api.objects.create(COMPUTE_DOMAINS, yaml.safe_load(DOMAIN % nodes))
-    return cdcluster.wait_for(
+    return polling.wait_for(
         lambda: (
             cdcluster.get_object(c.api, RESOURCE_CLAIM_TEMPLATES, "job-channel", NS)
             and cdcluster.get_object(c.api, COMPUTE_DOMAINS, "job", NS)
@@ -86,7 +86,7 @@ def test_two_node_job_end_to_end_and_refusals(cluster: cdcluster.Cluster) -> Non
     )
     # channels (and the daemon device) only on nodes in a clique
     for node in ("a1", "a2", "b1"):
-        assert cdcluster.wait_for(lambda n=node: _slices(cluster, n), what=node) == [
+        assert polling.wait_for(lambda n=node: _slices(cluster, n), what=node) == [
             "channel-0",
             "daemon-0",
         ]
@@ -121,14 +121,14 @@ def test_two_node_job_end_to_end_and_refusals(cluster: cdcluster.Cluster) -> Non
         ]
     for node in ("a1", "a2"):
         directory = cluster.nodes[node].domains_dir / uid
-        cdcluster.wait_for(
+        polling.wait_for(
             lambda d=directory: (
                 imexconfig.read_nodes(d) == ["127.0.0.31", "127.0.0.32"]
                 and imexconfig.daemon_ready(d)
             ),
             what=f"{node}'s daemon lists both and is ready",
         )
-    cdcluster.wait_for(
+    polling.wait_for(
         lambda: (
             (cdcluster.get_object(cluster.api, COMPUTE_DOMAINS, "job", NS) or {})
             .get("status", {})
@@ -147,7 +147,7 @@ def test_two_node_job_end_to_end_and_refusals(cluster: cdcluster.Cluster) -> Non
     cluster.api.objects.delete(COMPUTE_DOMAINS, "job", namespace=NS)
     for node, ref in refs.items():
         assert cluster.unprepare(node, ref) == ""
-    cdcluster.wait_for(
+    polling.wait_for(
         lambda: (
             not any(
                 cluster.api.objects.all(k)
@@ -156,7 +156,7 @@ def test_two_node_job_end_to_end_and_refusals(cluster: cdcluster.Cluster) -> Non
         ),
         what="domain, DaemonSet and templates gone",
     )
-    cdcluster.wait_for(lambda: not cluster.daemons.pods, what="daemon pods gone")
+    polling.wait_for(lambda: not cluster.daemons.pods, what="daemon pods gone")
     for node in ("a1", "a2", "b1"):
         assert _label(cluster, node) is None
         assert not any(cluster.nodes[node].domains_dir.glob("*"))
@@ -175,14 +175,14 @@ def test_agent_killed_at_each_step_of_a_channel_prepare_leaves_nothing_behind(
     if step == "spec-written":  # get as far as the spec: the daemon must be ready first
         answer = cluster.nodes["a1"].kubelet.prepare([ref]).claims[ref.uid]
         assert "waiting for the IMEX daemon" in answer.error
-        cdcluster.wait_for(lambda: _entries(cluster).get("a1") == "Ready", what="daemon ready")
+        polling.wait_for(lambda: _entries(cluster).get("a1") == "Ready", what="daemon ready")
     cluster.restart_node("a1", env={agent.CRASH_ENV: step})
     with pytest.raises(grpc.RpcError):
         cluster.nodes["a1"].kubelet.prepare([ref])
     assert cluster.nodes["a1"].plugin.wait(10) == 137
     cluster.restart_node("a1")  # recovery, then the kubelet gives up on the pod: unprepare
     assert cluster.unprepare("a1", ref) == ""
-    cdcluster.wait_for(
+    polling.wait_for(
         lambda: not cluster.daemons.pods, what="the daemon pod leaves the unbound node"
     )
     assert _label(cluster, "a1") is None
@@ -224,17 +224,17 @@ def test_two_controller_processes_one_leader_and_a_takeover(cluster: cdcluster.C
         )
         return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
 
-    first = cdcluster.wait_for(holder, what="a leader")
+    first = polling.wait_for(holder, what="a leader")
     _domain(cluster, 1)
-    cdcluster.wait_for(lambda: cluster.api.objects.all(DAEMON_SETS), what="the leader's DaemonSet")
+    polling.wait_for(lambda: cluster.api.objects.all(DAEMON_SETS), what="the leader's DaemonSet")
     logs = {name: (cluster.base / f"{name}.log").read_text() for name in ("one", "two")}
     assert [name for name, text in logs.items() if '"became the leader"' in text] == [first]
     leader_proc, other = (one, "two") if first == "one" else (two, "one")
     leader_proc.kill()  # no release: the other waits the lease out, then takes over
     leader_proc.wait(10)
-    cdcluster.wait_for(lambda: holder() == other, what="the takeover", timeout_s=20)
+    polling.wait_for(lambda: holder() == other, what="the takeover", timeout_s=20)
     cluster.api.objects.delete(COMPUTE_DOMAINS, "job", namespace=NS)
-    cdcluster.wait_for(
+    polling.wait_for(
         lambda: (
             not cluster.api.objects.all(COMPUTE_DOMAINS)
             and not cluster.api.objects.all(DAEMON_SETS)

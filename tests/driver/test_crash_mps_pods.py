@@ -32,12 +32,12 @@ from dra_driver.kube.objectclient import ObjectClient
 from dra_driver.kube.objects import PODS
 from dra_driver.testing.fakeapi import fakeserver, memory
 from dra_driver.testing.podrunner import PodKubelet
+from dra_driver.testing.polling import poll
 
 from . import podkit
 from .conftest import DRIVER, NODE, make_driver_root, ref_of
 from .sharekit import share, share_claim
 from .test_crash_points import CRASHED
-from .test_mps import wait_for
 
 FILE_OPS = ("fsync", "link", "pwrite", "rename", "replace", "unlink")
 
@@ -147,7 +147,7 @@ def _check(rig: Rig, driver: driver_mod.Driver) -> None:
         d["pod"]: d["podUid"] for d in daemons.values()
     }
     assert set(pods) == {mpspodspec.pod_name(DRIVER, NODE, d) for d in wanted}
-    assert wait_for(lambda: set(rig.kubelet.running()) == set(pods))
+    assert poll(lambda: set(rig.kubelet.running()) == set(pods))
     served = {dev["uuid"] for d in daemons.values() for dev in d["devices"]}
     assert {u for u, m in rig.modes().items() if m == "ExclusiveProcess"} == served
     # Every prepared share's daemon answers where its CDI spec points.
@@ -202,5 +202,5 @@ def test_a_crash_at_any_step_of_a_daemon_pod_leaves_no_orphan_pod_or_exclusive_g
     assert set(driver.unprepare(refs).values()) == {""}
     assert rig.pods() == {} and rig.json_files("mps/daemons") == {}
     assert "ExclusiveProcess" not in rig.modes().values()
-    assert wait_for(lambda: rig.kubelet.running() == {})
+    assert poll(lambda: rig.kubelet.running() == {})
     driver.close()

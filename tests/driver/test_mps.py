@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,19 +15,11 @@ import structlog
 
 from dra_driver.devices import control
 from dra_driver.driver import atomicfile, mps, mpsclaims, mpsprocess
+from dra_driver.testing import polling
 
 from . import sharekit
 from .conftest import Node, claim_obj, gpu_config, new_uid, opaque
 from .sharekit import share, share_claim
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
 
 
 def test_shares_run_through_one_daemon_started_first_and_stopped_last(node: Node) -> None:
@@ -73,7 +64,7 @@ def test_shares_run_through_one_daemon_started_first_and_stopped_last(node: Node
 
     assert node.driver.unprepare([b]) == {b.uid: ""}  # the last share: daemon gone
     assert sharekit.daemon_records(node) == {}
-    assert wait_for(lambda: sharekit.daemon_pids(node) == {})
+    assert polling.poll(lambda: sharekit.daemon_pids(node) == {})
     assert sharekit.compute_modes(node) == {gpu0: "Default"}
     assert sharekit.daemon_dirs(node) == set()
     assert not pipe.exists()
@@ -127,7 +118,7 @@ def test_unprepared_claims_leave_no_daemon_even_after_a_restart(node: Node) -> N
     assert sharekit.daemon_pids(node) == {"gpu-4": pid}
 
     assert node.driver.unprepare([ref]) == {ref.uid: ""}  # the adopted daemon is stopped
-    assert wait_for(lambda: sharekit.daemon_pids(node) == {})
+    assert polling.poll(lambda: sharekit.daemon_pids(node) == {})
     assert sharekit.daemon_records(node) == {}
     assert sharekit.exclusive_gpus(node) == set()
 
@@ -141,14 +132,14 @@ def test_a_daemon_that_died_is_restarted_by_supervision_and_recovery(node: Node)
     os.kill(first, signal.SIGKILL)
     # Wait on what supervision itself reads: a process that lost its environment is still
     # exiting (not yet a zombie) and counts as alive until it is.
-    assert wait_for(lambda: not daemons.processes.alive(first, None))
+    assert polling.poll(lambda: not daemons.processes.alive(first, None))
     assert daemons.supervise() == ["gpu-5"]
     second = sharekit.daemon_pids(node)["gpu-5"]
     assert second != first
     assert daemons.supervise() == []  # healthy: nothing to do
 
     os.kill(second, signal.SIGKILL)
-    assert wait_for(lambda: not daemons.processes.alive(second, None))
+    assert polling.poll(lambda: not daemons.processes.alive(second, None))
     node.restart()  # recovery brings back the daemon of a prepared share
     assert set(sharekit.daemon_pids(node)) == {"gpu-5"}
     # Stray daemon directories go; the records and the lock files (another agent may hold
@@ -162,7 +153,7 @@ def test_recovery_stops_a_daemon_no_claim_uses(node: Node) -> None:
     assert node.driver.prepare([ref])[ref.uid].error == ""
     (node.claims_dir / f"{ref.uid}.json").unlink()  # its claim is forgotten (e.g. other boot)
     node.restart()
-    assert wait_for(lambda: sharekit.daemon_pids(node) == {})
+    assert polling.poll(lambda: sharekit.daemon_pids(node) == {})
     assert sharekit.daemon_records(node) == {}
     assert sharekit.exclusive_gpus(node) == set()
     assert sharekit.daemon_dirs(node) == set()
@@ -342,7 +333,7 @@ def test_an_unreadable_daemon_record_is_removed_and_its_daemon_ended(
     )
     assert line["file"] == str(record) and line["daemon_pid"] == pid
     assert (str(record), False) in removed  # never fsynced: means nothing after a reboot
-    assert wait_for(lambda: sharekit.daemon_pids(node) == {})
+    assert polling.poll(lambda: sharekit.daemon_pids(node) == {})
     assert not record.exists() and sharekit.daemon_dirs(node) == set()
 
 
@@ -429,7 +420,7 @@ def test_a_daemon_that_cannot_be_restarted_is_logged_and_left(node: Node) -> Non
     daemons = node.driver.state.mps.daemons
     first = sharekit.daemon_pids(node)["gpu-4"]
     os.kill(first, signal.SIGKILL)
-    assert wait_for(lambda: not daemons.processes.alive(first, None))
+    assert polling.poll(lambda: not daemons.processes.alive(first, None))
     daemons.processes.command = ("/bin/sh", "-c", "exit 3", "x")
     with structlog.testing.capture_logs() as logged:
         assert daemons.supervise() == []

@@ -18,11 +18,11 @@ from dra_driver import metrics as metrics_mod
 from dra_driver.driver import mpspodspec
 from dra_driver.kube import api as kube
 from dra_driver.kube.objects import PODS
+from dra_driver.testing.polling import poll
 
 from . import podkit, sharekit
 from .conftest import NODE, Node
 from .sharekit import share, share_claim
-from .test_mps import wait_for
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_a_shared_gpu_runs_its_daemon_in_a_pod_from_first_to_last_share(
     assert [c.status for c in pn.calls("delete_pods")] == [200]
     assert sharekit.compute_modes(node) == {gpu0: "Default"}
     assert sharekit.daemon_records(node) == {} and sharekit.daemon_dirs(node) == set()
-    assert wait_for(lambda: pn.kubelet.running() == {})
+    assert poll(lambda: pn.kubelet.running() == {})
 
 
 def test_a_restarted_agent_adopts_the_daemon_pod(pn: podkit.PodNode) -> None:
@@ -156,7 +156,7 @@ def test_a_daemon_pod_lost_while_shares_are_prepared_is_recreated_and_reported(
         node.api.objects.delete(PODS, name, namespace=podkit.NAMESPACE)
     else:
         pn.kubelet.running()[name].kill()
-        assert wait_for(lambda: pn.pod_of("gpu-2")["status"]["phase"] == "Failed")
+        assert poll(lambda: pn.pod_of("gpu-2")["status"]["phase"] == "Failed")
     with structlog.testing.capture_logs() as logged:
         mps_claims.check()
     new = pn.pod_of("gpu-2")
@@ -229,7 +229,7 @@ def test_a_pod_no_record_names_is_ended_and_its_gpu_put_back(pn: podkit.PodNode)
     assert sharekit.compute_modes(node)[gpu4] == "Default"  # from the Pod's device annotation
     [ended] = [e for e in logged if e["event"] == "ended an MPS daemon no record names"]
     assert (ended["name"], ended["daemon"], ended["devices"]) == (name, "gpu-4", ["gpu-4"])
-    assert wait_for(lambda: pn.kubelet.running() == {})
+    assert poll(lambda: pn.kubelet.running() == {})
 
 
 def test_a_daemon_pod_that_never_gets_ready_fails_the_claim_naming_the_pod(

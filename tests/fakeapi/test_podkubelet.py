@@ -16,6 +16,7 @@ import pytest
 from dra_driver.kube.objects import PODS
 from dra_driver.testing.fakeapi import memory
 from dra_driver.testing.podrunner import PodKubelet
+from dra_driver.testing.polling import poll
 
 
 @pytest.fixture
@@ -60,15 +61,6 @@ def status(mem: memory.InMemoryApi, name: str) -> dict[str, Any]:
     return mem.objects.get(PODS, name, namespace="ns").get("status") or {}
 
 
-def wait(condition: Any, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return bool(condition())
-
-
 def ready(mem: memory.InMemoryApi, name: str) -> bool:
     conditions = status(mem, name).get("conditions") or []
     return {c["type"]: c["status"] for c in conditions}.get("Ready") == "True"
@@ -82,15 +74,15 @@ def test_a_pod_runs_gets_ready_by_its_probe_and_ends_when_deleted(
     out = tmp_path / "env"
     script = f'echo "$GREETING $ME" > {out}; exec sleep 60'
     mem.objects.create(PODS, pod("p", script, container={"readinessProbe": probe}))
-    assert wait(lambda: status(mem, "p").get("phase") == "Running")
-    assert wait(lambda: out.exists() and out.read_text() == "hello p\n")
+    assert poll(lambda: status(mem, "p").get("phase") == "Running")
+    assert poll(lambda: out.exists() and out.read_text() == "hello p\n")
     time.sleep(0.3)
     assert not ready(mem, "p")  # the probe fails until the file exists
     flag.touch()
-    assert wait(lambda: ready(mem, "p"))
+    assert poll(lambda: ready(mem, "p"))
     running = kubelet.running()["p"]
     mem.objects.delete(PODS, "p", namespace="ns")
-    assert wait(lambda: kubelet.running() == {})
+    assert poll(lambda: kubelet.running() == {})
     assert running.proc is not None and running.proc.poll() is not None
     assert [(n, p) for n, _, p in kubelet.ended] == [("p", running.pid)]
 
@@ -99,13 +91,13 @@ def test_an_exit_ends_the_pod_with_its_code_and_output(
     mem: memory.InMemoryApi, kubelet: PodKubelet
 ) -> None:
     mem.objects.create(PODS, pod("bad", "echo 'no /dev/nvidiactl' >&2; exit 3"))
-    assert wait(lambda: status(mem, "bad").get("phase") == "Failed")
+    assert poll(lambda: status(mem, "bad").get("phase") == "Failed")
     (container,) = status(mem, "bad")["containerStatuses"]
     ended = container["state"]["terminated"]
     assert (ended["exitCode"], ended["reason"]) == (3, "Error")
     assert "no /dev/nvidiactl" in ended["message"]
     mem.objects.create(PODS, pod("good", "exit 0"))
-    assert wait(lambda: status(mem, "good").get("phase") == "Succeeded")
+    assert poll(lambda: status(mem, "good").get("phase") == "Succeeded")
 
 
 def test_host_paths_are_checked_and_other_nodes_pods_left_alone(
@@ -116,7 +108,7 @@ def test_host_paths_are_checked_and_other_nodes_pods_left_alone(
     mem.objects.create(
         PODS, pod("nodir", "sleep 60", volumes=[missing], container={"volumeMounts": [mount]})
     )
-    assert wait(lambda: bool(status(mem, "nodir").get("containerStatuses")))
+    assert poll(lambda: bool(status(mem, "nodir").get("containerStatuses")))
     (container,) = status(mem, "nodir")["containerStatuses"]
     assert container["state"]["waiting"]["reason"] == "CreateContainerConfigError"
     assert "is not a directory" in container["state"]["waiting"]["message"]
@@ -125,7 +117,7 @@ def test_host_paths_are_checked_and_other_nodes_pods_left_alone(
     mem.objects.create(
         PODS, pod("mkdir", "sleep 60", volumes=[create], container={"volumeMounts": [mount]})
     )
-    assert wait(lambda: "mkdir" in kubelet.running())
+    assert poll(lambda: "mkdir" in kubelet.running())
     assert made.is_dir()
     assert kubelet.running()["mkdir"].unmounted == [f"{made} -> /data"]  # said, not pretended
     mem.objects.create(PODS, pod("elsewhere", "sleep 60", node="n2"))

@@ -18,7 +18,6 @@ import json
 import os
 import random
 import signal
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import pytest
 
 from dra_driver.driver import claims, mpsprocess
 from dra_driver.kube.objects import PODS
+from dra_driver.testing import polling
 from dra_driver.testing.fakeapi import fakeserver
 from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 from dra_driver.testing.podrunner import PodKubelet
@@ -151,7 +151,7 @@ def test_sigkill_with_shares_leaves_no_daemon_mode_or_spec_behind(
                 assert {n: p["metadata"]["uid"] for n, p in in_api.items()} == {
                     d["pod"]: d["podUid"] for d in daemons.values()
                 }
-                assert _wait(lambda: set(running()) == wanted)
+                assert polling.poll(lambda: set(running()) == wanted)
             modes = json.loads((plugin_dir / "fake-gpu-control.json").read_text())
             exclusive = {u for u, s in modes.items() if s["computeMode"] == "ExclusiveProcess"}
             assert exclusive == {dev["uuid"] for d in daemons.values() for dev in d["devices"]}
@@ -163,7 +163,7 @@ def test_sigkill_with_shares_leaves_no_daemon_mode_or_spec_behind(
             assert list(plugin.cdi_root.glob("*.json")) == []
             assert _json_files(mps_root / "daemons") == {}
             assert apiserver.api.objects.all(PODS) == []
-            assert _wait(lambda: running() == {})
+            assert polling.poll(lambda: running() == {})
             modes = json.loads((plugin_dir / "fake-gpu-control.json").read_text())
             assert {s["computeMode"] for s in modes.values()} == {"Default"}
 
@@ -179,10 +179,3 @@ def test_sigkill_with_shares_leaves_no_daemon_mode_or_spec_behind(
         for pid in _daemon_processes(mps_root).values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _wait(condition: Any, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return bool(condition())

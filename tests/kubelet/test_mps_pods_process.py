@@ -23,6 +23,7 @@ import pytest
 
 from dra_driver.driver import claims, mpspodspec
 from dra_driver.kube.objects import PODS
+from dra_driver.testing import polling
 from dra_driver.testing.fakeapi import fakeserver
 from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 from dra_driver.testing.podrunner import PodKubelet
@@ -90,12 +91,7 @@ def share_claim(server: fakeserver.FakeApiServer, name: str, device: str) -> cla
 
 
 def wait_for(condition: Any, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
+    return polling.poll(condition, timeout_s)
 
 
 def all_pods(server: fakeserver.FakeApiServer) -> dict[str, dict[str, Any]]:

@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dra_driver.slices import compare
+from dra_driver.testing import polling
 from dra_driver.testing.faultsuite import Row, rig
 
 GRACE_S = 1.0
@@ -52,7 +52,7 @@ def run(size: int, rng: random.Random, workdir: Path, *, long_outage_s: float = 
         plugin.wait_ready(timeout_s=60)
         kubelet = KubeletSim(plugin.registry_dir)
         kubelet.register(rig.DRIVER)
-        if not _wait(lambda: _ready(plugin) and bool(_ours(mem)), CONVERGE_S):
+        if not polling.poll(lambda: _ready(plugin) and bool(_ours(mem)), CONVERGE_S):
             row.fail("never published / ready before any fault", hang=1)
             return row
         baseline = {s["metadata"]["name"]: compare.content(s) for s in _ours(mem)}
@@ -113,7 +113,7 @@ def _inject(
             row.fail(f"prepare during an outage answered {answer.error[:200]!r}")
         elif not answer.error.startswith("ResourceClaim"):
             row.fail(f"prepare error during an outage does not name the claim: {answer.error}")
-        if not _wait(lambda: not _ready(plugin), seconds):
+        if not polling.poll(lambda: not _ready(plugin), seconds):
             row.fail(f"/readyz stayed 200 through {seconds:.1f}s of outage")
         time.sleep(max(0.0, seconds - GRACE_S))
         return int(deleted)
@@ -175,10 +175,10 @@ def _converge(
     def published() -> bool:
         return {s["metadata"]["name"]: compare.content(s) for s in _ours(mem)} == baseline
 
-    if not _wait(published, CONVERGE_S):
+    if not polling.poll(published, CONVERGE_S):
         row.fail(f"trial {index} ({label}): slices not repaired within {CONVERGE_S:g}s", hang=1)
         return
-    if not _wait(lambda: _ready(plugin), CONVERGE_S):
+    if not polling.poll(lambda: _ready(plugin), CONVERGE_S):
         row.fail(f"trial {index} ({label}): /readyz not 200 again within {CONVERGE_S:g}s", hang=1)
         return
     deadline = time.monotonic() + CONVERGE_S
@@ -211,12 +211,3 @@ def _ready(plugin: Any) -> bool:
     except OSError:
         return False
     return status == 200 and bool(json.loads(body)["ready"])
-
-
-def _wait(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True

@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from dra_driver.testing import polling
 from dra_driver.testing.faultsuite import Row, rig
 
 DEADLINE_S = 30.0
@@ -146,9 +147,4 @@ def _device_count(profile: str) -> int:
 
 
 def _wait(condition: Any, timeout_s: float = DEADLINE_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return polling.poll(condition, timeout_s)
