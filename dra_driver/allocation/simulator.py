@@ -10,6 +10,7 @@ the file and document at fault.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -44,10 +45,21 @@ class Inputs:
     consumed: capacity.Ledger = dataclasses.field(default_factory=capacity.Ledger)
 
 
+# libyaml's loader where PyYAML has it: a fleet's exported slices are megabytes.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def parse_documents(text: str, *, source: str) -> list[dict[str, Any]]:
     """All objects of a YAML (multi-document) or JSON text; ``kind: List`` is flattened."""
+    docs: list[Any] | None = None
+    if text.lstrip()[:1] in ("{", "["):  # JSON (kubectl get -o json): its own, faster parser
+        try:
+            docs = [json.loads(text)]
+        except ValueError:
+            docs = None  # YAML flow style, or broken: YAML says which
     try:
-        docs = list(yaml.safe_load_all(text))
+        if docs is None:
+            docs = list(yaml.load_all(text, Loader=_LOADER))
     except yaml.YAMLError as err:
         raise SimulateError(f"{source}: not valid YAML or JSON: {err}") from err
     out: list[dict[str, Any]] = []

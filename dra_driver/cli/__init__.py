@@ -26,6 +26,7 @@ SUMMARIES = {
     "publish": "publish this node's ResourceSlices and keep them",
     "simulate": "predict the scheduler's allocation of a ResourceClaim on one node",
     "claim": "print the ResourceClaim to write for N well-connected GPUs",
+    "capacity": "how many N-GPU claims the cluster still fits, and how many on optimal sets",
     "demo": "run the whole node pipeline on fake GPUs (no cluster, no GPU needed)",
     "kubelet-plugin": "run the node agent: kubelet DRA plugin and slice publisher",
     "device-plugin": "serve nvidia.com/gpu through the kubelet device plugin API",

@@ -171,3 +171,18 @@ def set_score(topo: topology.Topology, indices: Sequence[int]) -> Score:
         for i, v in enumerate(_pair(topo, a, b)):
             total[i] += v
     return total[0], total[1], total[2]
+
+
+def subset_keys(pairs: tuple[tuple[Score, ...], ...]) -> array[int]:
+    """Every subset's rank key for the pair scores ``pairs`` (row ``i``: GPU ``i``'s score with
+    each other GPU), indexed by bit mask, as :func:`ranked` compares sets: among subsets of one
+    size a larger key is a better set, and ``key >> len(pairs)`` is the set's packed score
+    (equal for equally good sets). For :mod:`dra_driver.allocation.setfit`, which ranks
+    the sets of nodes known only by their slices."""
+    return _keys(pairs)
+
+
+def best_subsets(keys: array[int], left: int) -> dict[int, int]:
+    """Size -> the bit mask of the best subset of ``left`` of that size (:func:`subset_keys`'
+    keys), as the ranks pick it."""
+    return _best_by_size(keys, left)

@@ -97,6 +97,18 @@ class ClusterState:
                 raise self._fail("get_resource_claim", name, 404, f'{_CLAIMS} "{name}" not found')
             return self._ok("get_resource_claim", name, claim)
 
+    def list_resource_claims(self, namespace: str | None = None) -> tuple[list[Obj], str]:
+        """The claims of ``namespace`` (None: of all), sorted by namespace and name."""
+        with self._lock:
+            self._enter("list_resource_claims", namespace or "")
+            items = [
+                copy.deepcopy(c)
+                for key, c in sorted(self._claims.items())
+                if namespace is None or key[0] == namespace
+            ]
+            self._record("list_resource_claims", namespace or "")
+            return items, str(self._rv)
+
     def get_node(self, name: str) -> Obj:
         with self._lock:
             self._enter("get_node", name)

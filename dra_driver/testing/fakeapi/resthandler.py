@@ -29,6 +29,7 @@ _ROUTES: list[tuple[str, re.Pattern[str]]] = [
     ("claim", re.compile(rf"^{_GROUP}/namespaces/([^/]+)/resourceclaims/([^/]+)$")),
     ("claimstatus", re.compile(rf"^{_GROUP}/namespaces/([^/]+)/resourceclaims/([^/]+)/status$")),
     ("claims", re.compile(rf"^{_GROUP}/namespaces/([^/]+)/resourceclaims$")),
+    ("allclaims", re.compile(rf"^{_GROUP}/resourceclaims$")),
     ("node", re.compile(r"^/api/v1/nodes/([^/]+)$")),
     ("slice", re.compile(rf"^{_GROUP}/resourceslices/([^/]+)$")),
     ("slices", re.compile(rf"^{_GROUP}/resourceslices$")),
@@ -138,6 +139,17 @@ class RequestHandler(http.server.BaseHTTPRequestHandler):
             manager = query.get("fieldManager", "")
             self._json(
                 200, mem.apply_resource_claim_status(args[0], args[1], body, manager, force=force)
+            )
+        elif route in ("claims", "allclaims") and method == "GET":
+            claims, version = mem.list_resource_claims(args[0] if args else None)
+            self._json(
+                200,
+                {
+                    "kind": "ResourceClaimList",
+                    "apiVersion": "resource.k8s.io/v1",
+                    "metadata": {"resourceVersion": version},
+                    "items": claims,
+                },
             )
         elif route == "claims" and method == "POST":
             body.setdefault("metadata", {})["namespace"] = args[0]
