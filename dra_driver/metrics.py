@@ -24,6 +24,10 @@ resourceslice_publish_total                counter   result (success|error)
 resourceslices                             gauge     (slices in the last published state)
 resourceslice_rebuilds_total               counter   cause (health|claims)
 held_gpus                                  gauge     (full GPUs prepared claims hold)
+gpus                                       gauge     state (free|held|unhealthy): full GPUs
+placeable_sets                             gauge     size (1..GPUs): disjoint free N-GPU sets
+best_set_links                             gauge     size: NVLink links of the best free N-set
+best_set_links_max                         gauge     size: the same on the empty node
 nvml_errors_total                          counter   call (e.g. init, discover, health)
 device_health                              gauge     device, reason (1 healthy, 0 unhealthy)
 health_events_total                        counter   kind (xid|ecc|gpu-lost|...), xid, outcome
@@ -41,6 +45,13 @@ healthy, value 0 and the conditions (``xid=79``, ``gpu-lost=lost``) while not; t
 removed when the reason changes. Health event outcomes: ``unhealthy``, ``ignored`` (an ignored
 XID), ``unpublished`` (a device we do not publish), ``poll`` (sent to the poll to find the GPU),
 ``unknown-device``.
+
+``gpus``, ``placeable_sets``, ``best_set_links`` and ``best_set_links_max`` are the node's set
+capacity (:mod:`dra_driver.devices.setcapacity`, docs/capacity.md), updated whenever the GPUs
+held by prepared claims or GPU health change: how many N-GPU jobs still fit here, and whether
+the best free N-set is as well connected as the empty node's (``best_set_links`` below
+``best_set_links_max``: fragmented). A size without a free set of that size has no
+``best_set_links`` series.
 
 ``feature_enabled`` says which ResourceSlice features the agent can publish with: 1 while the
 API server keeps the feature's fields (or they were never probed), 0 while it drops them (its
@@ -64,12 +75,15 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import prometheus_client as prom
 import structlog
 
 from dra_driver import __version__
+
+if TYPE_CHECKING:
+    from dra_driver.devices import setcapacity
 
 Operation = Literal["prepare", "unprepare"]
 Result = Literal["success", "error"]
@@ -78,6 +92,7 @@ OPERATIONS: tuple[Operation, ...] = ("prepare", "unprepare")
 RESULTS: tuple[Result, ...] = ("success", "error")
 NAMESPACE = "dra_driver"
 FEATURES = ("deviceTaints", "sharedCounters", "consumableCapacity", "setRanks")
+GPU_STATES = ("free", "held", "unhealthy")
 
 # Resolve sub-millisecond prepares (fake GPUs, repeated prepare) up to the kubelet's 45 s limit.
 DURATION_BUCKETS: tuple[float, ...] = (
@@ -234,6 +249,36 @@ class DriverMetrics:
             namespace=namespace,
             registry=registry,
         )
+        self.gpus = prom.Gauge(
+            "gpus",
+            "Full GPUs of this node by state: free, held by prepared claims, unhealthy.",
+            ["state"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.placeable_sets = prom.Gauge(
+            "placeable_sets",
+            "Disjoint sets of N free GPUs on this node (N-GPU claims that still fit here).",
+            ["size"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.best_set_links = prom.Gauge(
+            "best_set_links",
+            "NVLink links among the best free set of N GPUs (as the set ranks pick it).",
+            ["size"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.best_set_links_max = prom.Gauge(
+            "best_set_links_max",
+            "NVLink links among the best set of N GPUs of this node when all are free.",
+            ["size"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self._capacity_lock = threading.Lock()
+        self._best_sizes: set[int] = set()
         self._health_lock = threading.Lock()
         self._health_reason: dict[str, str] = {}
         build = prom.Gauge(
@@ -325,6 +370,22 @@ class DriverMetrics:
         if claims:
             self._rebuilds["claims"].inc()
         self.held_gpus.set(held_gpus)
+
+    def set_capacity(self, cap: setcapacity.SetCapacity) -> None:
+        """The node's set capacity now (docs/capacity.md): GPUs by state, placeable sets and
+        the links of the best free set per size (a size with no free set loses its series)."""
+        with self._capacity_lock:
+            for state, count in zip(GPU_STATES, (cap.free, cap.held, cap.unhealthy), strict=True):
+                self.gpus.labels(state=state).set(count)
+            for size, count in cap.placeable.items():
+                self.placeable_sets.labels(size=str(size)).set(count)
+            for size, links in cap.best_links_max.items():
+                self.best_set_links_max.labels(size=str(size)).set(links)
+            for size in self._best_sizes - set(cap.best_links):
+                self.best_set_links.remove(str(size))
+            for size, links in cap.best_links.items():
+                self.best_set_links.labels(size=str(size)).set(links)
+            self._best_sizes = set(cap.best_links)
 
     def set_feature(self, feature: str, enabled: bool) -> None:
         """Whether the agent can publish with ``feature`` (one of :data:`FEATURES`)."""
