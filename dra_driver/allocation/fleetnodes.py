@@ -27,6 +27,7 @@ are judged by.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -155,19 +156,21 @@ def _node(node: str, members: Sequence[Mapping[str, Any]], held_names: set[str])
         why = broken[0].invalid or "incomplete (not all its slices are there)"
         return NodeGpus(node, "", (), 0, 0, 0, (), frozenset({UNUSABLE}), f"pool {why}")
     gpus = [d for d in devices if _is_gpu(d)]
+    keys = [_key(d) for d in gpus]
     every = devices + [d for p in gathered for d in p.elsewhere]
     held_keys = {u for d in every if d.name in held_names for u in physical.members(d)}
-    known = {d.name for d in every}
-    held_keys |= {_key(d) for d in gpus if _named_in(d.name, held_names - known)}
+    gone = held_names - {d.name for d in every}
+    if gone:
+        held_keys |= {k for k, d in zip(keys, gpus, strict=True) if _named_in(d.name, gone)}
     free = held = sick = 0
     for i, dev in enumerate(gpus):
-        if _key(dev) in held_keys:
+        if keys[i] in held_keys:
             held += 1
         elif any(t.get("effect") in STOP_EFFECTS for t in dev.data.get("taints") or ()):
             sick += 1
         else:
             free |= 1 << i
-    pairs, unknown = _pairs(gpus, devices)
+    pairs, unknown = _pairs(gpus, keys, devices)
     products = sorted({str(_attr(d, "productName") or "unknown GPU") for d in gpus})
     return NodeGpus(
         node=node,
@@ -183,8 +186,8 @@ def _node(node: str, members: Sequence[Mapping[str, Any]], held_names: set[str])
 
 def _key(device: pools.Device) -> str:
     """The GPU's UUID (its name where it publishes none)."""
-    members = physical.members(device)
-    return members[0] if members else f"name:{device.name}"
+    uuid = _attr(device, "uuid")
+    return uuid if isinstance(uuid, str) else f"name:{device.name}"
 
 
 def _named_in(gpu: str, names: set[str]) -> bool:
@@ -200,16 +203,20 @@ def _named_in(gpu: str, names: set[str]) -> bool:
 
 
 def _is_gpu(device: pools.Device) -> bool:
-    kind = physical.kind(device)
+    kind = _attr(device, "type")
     if kind is not None:
-        return kind == "gpu"
+        return bool(kind == "gpu")
     return _attr(device, "uuid") is not None and _attr(device, "parentUUID") is None
 
 
 def _attr(device: pools.Device, name: str) -> Any:
-    qualified = name if "/" in name else f"{device.driver}/{name}"
-    found = pools.lookup_attribute(device, qualified)
-    if not found:
+    """An attribute's value (bare names: the driver's domain, as published or qualified)."""
+    attrs = device.data.get("attributes") or {}
+    found = attrs.get(name)
+    if found is None:
+        qualified = name if "/" in name else f"{device.driver}/{name}"
+        found = pools.lookup_attribute(device, qualified)
+    if not isinstance(found, dict):  # decoded JSON: a dict (and a cheaper test than Mapping)
         return None
     for kind in ("string", "int", "bool", "version"):
         if kind in found:
@@ -218,12 +225,13 @@ def _attr(device: pools.Device, name: str) -> Any:
 
 
 def _pairs(
-    gpus: Sequence[pools.Device], devices: Sequence[pools.Device]
+    gpus: Sequence[pools.Device], keys: Sequence[str], devices: Sequence[pools.Device]
 ) -> tuple[tuple[tuple[Score, ...], ...], frozenset[str]]:
-    uuids = [_key(d) for d in gpus]
-    index = {u: i for i, u in enumerate(uuids)}
+    index = {u: i for i, u in enumerate(keys)}
     exact: dict[tuple[int, int], int] = {}
     for dev in devices:  # 2-GPU set devices of earlier versions: the pair's real link count
+        if _attr(dev, "uuid1") is None:
+            continue
         members = physical.members(dev)
         links = _attr(dev, "nvlinkLinks")
         if len(members) == 2 and all(m in index for m in members) and isinstance(links, int):
@@ -243,7 +251,20 @@ def _pairs(
         unknown.add(NUMA)
     if any(v is None for v in roots):
         unknown.add(PCIE_ROOT)
-    n = len(gpus)
+    matrix = _matrix(tuple(islands), tuple(numa), tuple(roots), tuple(sorted(exact.items())))
+    return matrix, frozenset(unknown)
+
+
+@functools.lru_cache(maxsize=256)
+def _matrix(
+    islands: tuple[Any, ...],
+    numa: tuple[Any, ...],
+    roots: tuple[Any, ...],
+    exact: tuple[tuple[tuple[int, int], int], ...],
+) -> tuple[tuple[Score, ...], ...]:
+    """The pair scores of GPUs with these attributes (nodes of one kind share them)."""
+    links_of = dict(exact)
+    n = len(islands)
     rows = []
     for a in range(n):
         row = []
@@ -251,8 +272,8 @@ def _pairs(
             if a == b:
                 row.append((0, 0, 0))
                 continue
-            if exact:
-                links = exact.get((a, b) if a < b else (b, a), 0)
+            if links_of:
+                links = links_of.get((a, b) if a < b else (b, a), 0)
             else:
                 links = int(islands[a] is not None and islands[a] == islands[b])
             row.append(
@@ -263,4 +284,4 @@ def _pairs(
                 )
             )
         rows.append(tuple(row))
-    return tuple(rows), frozenset(unknown)
+    return tuple(rows)

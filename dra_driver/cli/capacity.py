@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import cli
-from dra_driver.allocation import fleetnodes, setfit, simulator
+from dra_driver.allocation import documents, fleetnodes, setfit
 from dra_driver.cli import common
 from dra_driver.slices import build as slices_build
 
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     except (
         setfit.SizeError,
         fleetnodes.InputError,
-        simulator.SimulateError,
+        documents.SimulateError,
         common.UsageError,
     ) as err:
         return common.fail("; ".join(ln.strip() for ln in str(err).splitlines() if ln.strip()))
@@ -90,13 +90,13 @@ def run(args: argparse.Namespace) -> int:
 def _from_files(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
     slices: list[Any] = []
     for path in args.slices:
-        kinds = simulator.split_kinds(simulator.load_file(path), source=str(path))
+        kinds = documents.split_kinds(documents.load_file(path), source=str(path))
         if not kinds["slices"]:
-            raise simulator.SimulateError(f"{path}: no ResourceSlice in it")
+            raise documents.SimulateError(f"{path}: no ResourceSlice in it")
         slices += kinds["slices"]
     allocated: list[Any] = []
     for path in args.allocated:
-        allocated += simulator.load_file(path)
+        allocated += documents.load_file(path)
     return slices, allocated
 
 

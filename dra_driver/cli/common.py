@@ -6,9 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from dra_driver.devices import backend, fake, migprofiles
-from dra_driver.devices.fake import profiles
+from dra_driver.devices import backend, migprofiles
 from dra_driver.slices import shares
+
+# The fake backend (its NVML stand-in, the profiles) is imported where a flag needs it: the
+# subcommands that never discover GPUs (capacity, doctor) do not pay for it at start-up.
 
 AUTO = "auto"
 
@@ -20,6 +22,7 @@ class UsageError(Exception):
 def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     """``--fake PROFILE`` / ``--fake-file FILE``; neither = real NVML."""
     from dra_driver.cli import env_default
+    from dra_driver.devices.fake import profiles
 
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
@@ -136,6 +139,9 @@ def dynamic_mig(args: argparse.Namespace) -> migprofiles.DynamicMig:
 
 def make_backend(args: argparse.Namespace) -> backend.Backend:
     """The backend the flags ask for. Raises UsageError / DiscoveryError with clear messages."""
+    from dra_driver.devices import fake
+    from dra_driver.devices.fake import profiles
+
     try:
         if args.fake_file:
             return fake.FakeBackend.from_file(Path(args.fake_file))
