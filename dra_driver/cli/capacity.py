@@ -154,7 +154,7 @@ def render(answer: dict[str, Any]) -> str:
 
 def _by_node(rows: dict[str, Any], sizes: Sequence[str]) -> str:
     width = max([4, *(len(n) for n in rows)])
-    head = f"{'node':<{width}}  {'GPUs':>4}  {'free':>4}  {'held':>4}  {'sick':>4}  "
+    head = f"{'node':<{width}}  {'GPUs':>4}  {'free':>4}  {'held':>4}  {'unhealthy':>9}  "
     head += "  ".join(f"{'fit/opt ' + s:>10}" for s in sizes) + "  stranded  product"
     out = [head]
     for name, row in rows.items():
@@ -163,7 +163,7 @@ def _by_node(rows: dict[str, Any], sizes: Sequence[str]) -> str:
         )
         line = (
             f"{name:<{width}}  {row['gpus']:>4}  {row['free']:>4}  {row['held']:>4}  "
-            f"{row['unhealthy']:>4}  {cells}  {row['stranded']:>8}  {row['product']}"
+            f"{row['unhealthy']:>9}  {cells}  {row['stranded']:>8}  {row['product']}"
         )
         if "problem" in row:
             line += f"  ({row['problem']})"
