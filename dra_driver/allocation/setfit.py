@@ -113,7 +113,7 @@ def node_fit(node: fleetnodes.NodeGpus, sizes: Sequence[int], keys: _Keys) -> No
     optimal: dict[int, int | None] = {}
     covered = 0
     multi = [s for s in sizes if s > 1]
-    if n > gpusets.MAX_GPUS:
+    if n > gpusets.MAX_GPUS:  # not ranked: no ladder; stranded at most what the best size leaves
         optimal = {s: None for s in sizes}
         stranded = min((count % s if s <= n else count for s in multi), default=0)
         return NodeFit(node, fit, optimal, stranded)
