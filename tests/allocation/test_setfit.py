@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,12 +43,20 @@ def answer(fleet: fakefleet.Fleet, tmp_path_factory: pytest.TempPathFactory) -> 
         for obj in fleet.claims:
             server.api.put_resource_claim(obj)
         kubeconfig = server.write_kubeconfig(tmp_path_factory.mktemp("kc") / "kubeconfig")
-        out = _run_cli(["capacity", "--kubeconfig", str(kubeconfig), "--sizes", "3", "-o",
-                        "json", "--by-node"])  # fmt: skip
+        argv = ["--kubeconfig", str(kubeconfig), "--sizes", "3", "-o", "json", "--by-node"]
+        done = subprocess.run(
+            [sys.executable, "-m", "dra_driver", "capacity", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         calls = [c.method for c in server.api.calls]
     finally:
         server.stop()
+    assert done.returncode == 0 and done.stderr == "", done.stderr
     assert calls.count("list_resource_claims") == 1  # one LIST of claims, cluster-wide
+    out: dict[str, Any] = json.loads(done.stdout)
     return out
 
 
