@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Literal
 import prometheus_client as prom
 import structlog
 
-from dra_driver import __version__
+from dra_driver import __version__, setmetrics
 
 if TYPE_CHECKING:
     from dra_driver.devices import setcapacity
@@ -92,7 +92,6 @@ OPERATIONS: tuple[Operation, ...] = ("prepare", "unprepare")
 RESULTS: tuple[Result, ...] = ("success", "error")
 NAMESPACE = "dra_driver"
 FEATURES = ("deviceTaints", "sharedCounters", "consumableCapacity", "setRanks")
-GPU_STATES = ("free", "held", "unhealthy")
 
 # Resolve sub-millisecond prepares (fake GPUs, repeated prepare) up to the kubelet's 45 s limit.
 DURATION_BUCKETS: tuple[float, ...] = (
@@ -249,36 +248,7 @@ class DriverMetrics:
             namespace=namespace,
             registry=registry,
         )
-        self.gpus = prom.Gauge(
-            "gpus",
-            "Full GPUs of this node by state: free, held by prepared claims, unhealthy.",
-            ["state"],
-            namespace=namespace,
-            registry=registry,
-        )
-        self.placeable_sets = prom.Gauge(
-            "placeable_sets",
-            "Disjoint sets of N free GPUs on this node (N-GPU claims that still fit here).",
-            ["size"],
-            namespace=namespace,
-            registry=registry,
-        )
-        self.best_set_links = prom.Gauge(
-            "best_set_links",
-            "NVLink links among the best free set of N GPUs (as the set ranks pick it).",
-            ["size"],
-            namespace=namespace,
-            registry=registry,
-        )
-        self.best_set_links_max = prom.Gauge(
-            "best_set_links_max",
-            "NVLink links among the best set of N GPUs of this node when all are free.",
-            ["size"],
-            namespace=namespace,
-            registry=registry,
-        )
-        self._capacity_lock = threading.Lock()
-        self._best_sizes: set[int] = set()
+        self.capacity = setmetrics.SetCapacityGauges(registry=registry, namespace=namespace)
         self._health_lock = threading.Lock()
         self._health_reason: dict[str, str] = {}
         build = prom.Gauge(
@@ -372,20 +342,8 @@ class DriverMetrics:
         self.held_gpus.set(held_gpus)
 
     def set_capacity(self, cap: setcapacity.SetCapacity) -> None:
-        """The node's set capacity now (docs/capacity.md): GPUs by state, placeable sets and
-        the links of the best free set per size (a size with no free set loses its series)."""
-        with self._capacity_lock:
-            for state, count in zip(GPU_STATES, (cap.free, cap.held, cap.unhealthy), strict=True):
-                self.gpus.labels(state=state).set(count)
-            for size, count in cap.placeable.items():
-                self.placeable_sets.labels(size=str(size)).set(count)
-            for size, links in cap.best_links_max.items():
-                self.best_set_links_max.labels(size=str(size)).set(links)
-            for size in self._best_sizes - set(cap.best_links):
-                self.best_set_links.remove(str(size))
-            for size, links in cap.best_links.items():
-                self.best_set_links.labels(size=str(size)).set(links)
-            self._best_sizes = set(cap.best_links)
+        """The node's set capacity now (:class:`~dra_driver.setmetrics.SetCapacityGauges`)."""
+        self.capacity.set(cap)
 
     def set_feature(self, feature: str, enabled: bool) -> None:
         """Whether the agent can publish with ``feature`` (one of :data:`FEATURES`)."""
