@@ -279,16 +279,19 @@ def follow(
 def gauges(
     devices: model.NodeDevices, metrics: metrics_mod.DriverMetrics
 ) -> Callable[[Inputs], None]:
-    """Set ``metrics``' set-capacity gauges for given inputs (the empty node's maxima once)."""
-    empty = setcapacity.of(devices)
+    """Set ``metrics``' set-capacity gauges for given inputs (the empty node's maxima computed
+    at the first call, inside the republisher's guard: a failure is logged, never raised)."""
+    empty: list[setcapacity.SetCapacity] = []
 
     def observe(inputs: Inputs) -> None:
+        if not empty:
+            empty.append(setcapacity.of(devices))
         metrics.set_capacity(
             setcapacity.of(
                 devices,
                 held=inputs.held.held,
                 unhealthy_uuids=inputs.health.unhealthy.keys(),
-                empty=empty,
+                empty=empty[0],
             )
         )
 
