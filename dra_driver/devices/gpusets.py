@@ -18,6 +18,14 @@ one PCIe root), compared in that order; equal scores go to the set with the lowe
 subset's rank key is computed once per topology by dynamic programming over bit masks; the
 optimum of F for every N is then one pass over F's subsets.
 
+Single GPUs (:func:`singles`): a claim for one GPU breaks the fewest good sets when it takes
+the GPU whose loss leaves the best sets of the sizes jobs ask for. The agent orders the free
+GPUs greedily: the first is the GPU whose removal leaves the best remaining sets, compared
+lexicographically over set sizes, powers of two first and largest first (8, 4, 2 on a 16-GPU
+node; then the other sizes, largest first), ties to the lowest minor; the second is that GPU of
+what the first leaves, and so on. Published as rank ``k`` of size 1 for the ``k``-th GPU, a
+burst of single-GPU claims takes them in that order.
+
 Until wave 3 the node published a device per useful set (``gpus-0-1-4-5``, type ``gpu-set``);
 allocations of such devices made by earlier versions are still prepared (:func:`parse_name`).
 """
@@ -83,6 +91,8 @@ def ranked(
     """Per size N (2 up to the number of eligible GPUs minus one), the ranked N-sets of the
     free GPUs: the optimum of the free GPUs, then the optimum of what is left, and so on while
     N GPUs are left (at most ``max_ranks``). ``taken``: names of GPUs that are not free.
+    Size 1 holds the free GPUs in the order single-GPU claims should take them
+    (:func:`singles`), at most ``max_ranks`` of them.
 
     Nodes with fewer than 3 or more than :data:`MAX_GPUS` eligible GPUs get no ranks.
     """
@@ -91,14 +101,13 @@ def ranked(
     if not 3 <= n <= MAX_GPUS:
         return {}
     topo = topology.build(devices)
-    pairs = tuple(
-        tuple(_pair(topo, a.index, b.index) if a is not b else (0, 0, 0) for b in gpus)
-        for a in gpus
-    )
+    pairs = _pairs(topo, [g.index for g in gpus])
     keys = _keys(pairs)
     free = sum(1 << i for i, g in enumerate(gpus) if g.name not in taken)
     best_of = functools.lru_cache(maxsize=None)(lambda left: _best_by_size(keys, left))
-    out: dict[int, tuple[GpuSet, ...]] = {}
+    out: dict[int, tuple[GpuSet, ...]] = {
+        1: tuple(GpuSet((gpus[i],), (0, 0, 0)) for i in _order(pairs, free, max_ranks))
+    }
     for size in range(2, n):
         chain: list[GpuSet] = []
         left = free
@@ -109,6 +118,77 @@ def ranked(
             left &= ~mask
         out[size] = tuple(chain)
     return out
+
+
+def singles(
+    topo: topology.Topology,
+    indices: Sequence[int],
+    free: Collection[int],
+    *,
+    max_ranks: int = MAX_RANKS,
+) -> list[int]:
+    """The free GPUs (by index) in the order single-GPU claims should take them (at most
+    ``max_ranks``): each the GPU whose loss leaves the best sets of what is still free (see the
+    module docstring). ``indices``: the node's full GPUs, in minor order (ties go to the first);
+    ``free``: those not held. Empty for more than :data:`MAX_GPUS` GPUs."""
+    if len(indices) > MAX_GPUS:
+        return []
+    held = set(indices) - set(free)
+    mask = sum(1 << i for i, g in enumerate(indices) if g not in held)
+    return [indices[i] for i in _order(_pairs(topo, indices), mask, max_ranks)]
+
+
+def _pairs(topo: topology.Topology, indices: Sequence[int]) -> tuple[tuple[Score, ...], ...]:
+    return tuple(
+        tuple(_pair(topo, a, b) if a != b else (0, 0, 0) for b in indices) for a in indices
+    )
+
+
+def _order(pairs: tuple[tuple[Score, ...], ...], free: int, max_ranks: int) -> list[int]:
+    out: list[int] = []
+    while free and len(out) < max_ranks:
+        i = _next_single(pairs, free)
+        out.append(i)
+        free &= ~(1 << i)
+    return out
+
+
+def key_sizes(remaining: int) -> list[int]:
+    """The set sizes a single GPU's loss is judged by, in order, when ``remaining`` GPUs stay
+    free: powers of two largest first (the sizes jobs ask for), then the others largest first."""
+    sizes = range(remaining, 1, -1)
+    return [s for s in sizes if s & (s - 1) == 0] + [s for s in sizes if s & (s - 1)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _next_single(pairs: tuple[tuple[Score, ...], ...], left: int) -> int:
+    """The GPU (bit) of ``left`` whose removal leaves the best sets (lowest bit on ties)."""
+    n = len(pairs)
+    keys = _keys(pairs)
+    sizes = key_sizes(left.bit_count() - 1)
+    top = _best_by_size(keys, left)
+    # No GPU's loss can leave better sets than ``left`` has; a GPU in none of its best sets
+    # leaves all of them, so the first such GPU (or an earlier one that does as well) wins.
+    ceiling = [keys[top[s]] >> n for s in sizes]
+    members = 0
+    for s in sizes:
+        members |= top[s]
+    best: tuple[list[int], int] | None = None
+    bit = left
+    while bit:
+        low = bit & -bit
+        bit ^= low
+        i = low.bit_length() - 1
+        if not members & low:
+            return i  # leaves ``ceiling``: no earlier GPU did (it would have returned)
+        rest = _best_by_size(keys, left ^ low)
+        score = [keys[rest[s]] >> n for s in sizes]
+        if score == ceiling:
+            return i
+        if best is None or score > best[0]:
+            best = (score, i)
+    assert best is not None
+    return best[1]
 
 
 def _pair(topo: topology.Topology, a: int, b: int) -> Score:
