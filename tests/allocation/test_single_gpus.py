@@ -17,8 +17,10 @@ emulation of the scheduler's allocator, on the slices the agent publishes:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,14 +84,24 @@ def burst(profile: str, claims: list[Obj]) -> list[allocator.Outcome]:
     return simulator.run(inputs)
 
 
-def optimal_sets_left(profile: str, held: Sequence[str], size: int) -> int:
-    """How many ``size``-GPU sets of the free GPUs score as the empty node's best."""
+@functools.cache
+def optimal_masks(profile: str, size: int) -> tuple[int, ...]:
+    """The ``size``-GPU sets (bit masks of GPU indices) that score as the empty node's best."""
     devices = devices_of(profile)
     topo = topology.build(devices)
-    every = [g.index for g in devices.gpus]
-    best = max(gpusets.set_score(topo, c) for c in itertools.combinations(every, size))
-    free = [g.index for g in devices.gpus if g.name not in held]
-    return sum(gpusets.set_score(topo, c) == best for c in itertools.combinations(free, size))
+    scored = [
+        (gpusets.set_score(topo, c), sum(1 << i for i in c))
+        for c in itertools.combinations([g.index for g in devices.gpus], size)
+    ]
+    best = max(score for score, _ in scored)
+    return tuple(mask for score, mask in scored if score == best)
+
+
+def optimal_sets_left(profile: str, held: Sequence[str], size: int) -> int:
+    """How many ``size``-GPU sets of the free GPUs score as the empty node's best."""
+    index = {g.name: g.index for g in devices_of(profile).gpus}
+    taken = sum(1 << index[n] for n in held)
+    return sum(1 for mask in optimal_masks(profile, size) if not mask & taken)
 
 
 def single(i: int) -> Obj:
@@ -273,3 +285,17 @@ def test_a_burst_on_ranks_that_never_change_gives_every_claim_its_own_gpus() -> 
     b = {r["device"] for r in second.allocation["devices"]["results"]}
     assert len(a) == len(b) == 4 and not a & b
     assert not third.allocated
+
+
+def test_the_benchmark_prints_both_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "single_gpus.py"
+    spec = importlib.util.spec_from_file_location("_benchmarks_single_gpus", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--profiles", "dgx-1-v100,h100-nvl-pairs", "--steps", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "| dgx-1-v100 | 4 | 2 | 1 1 1 1 | 1 1 1 1 | 1 1 1 1 |" in out
+    assert "| h100-nvl-pairs | 2 | 2 | 1 1 | 1 1 | 1 1 |" in out
+    churn = [line for line in out.splitlines() if line.startswith("| dgx-1-v100 | 4 | ")]
+    assert len(churn) == 2 and churn[1].endswith("| 100% / 1.00 | 100% / 1.00 |")
