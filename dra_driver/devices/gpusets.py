@@ -162,33 +162,64 @@ def key_sizes(remaining: int) -> list[int]:
 
 @functools.lru_cache(maxsize=4096)
 def _next_single(pairs: tuple[tuple[Score, ...], ...], left: int) -> int:
-    """The GPU (bit) of ``left`` whose removal leaves the best sets (lowest bit on ties)."""
+    """The GPU (bit) of ``left`` whose removal leaves the best sets (lowest bit on ties).
+
+    Candidates are compared lazily, size by size in :func:`key_sizes` order, each size's best
+    set found by scanning that size's subsets best first (:func:`_ordered`) for the first one
+    the remaining GPUs hold: most candidates are decided by the first size or two."""
     n = len(pairs)
     keys = _keys(pairs)
+    ordered = _ordered(pairs)
     sizes = key_sizes(left.bit_count() - 1)
-    top = _best_by_size(keys, left)
-    # No GPU's loss can leave better sets than ``left`` has; a GPU in none of its best sets
-    # leaves all of them, so the first such GPU (or an earlier one that does as well) wins.
-    ceiling = [keys[top[s]] >> n for s in sizes]
+
+    def best(free: int, size: int) -> int:  # the best size-subset of ``free`` (a mask)
+        return next(m for m in ordered[size] if not m & ~free)
+
+    vectors: dict[int, list[int]] = {}
+
+    def component(i: int, j: int) -> int:  # candidate i's score for sizes[j], lazily
+        got = vectors.setdefault(i, [])
+        while len(got) <= j:
+            got.append(keys[best(left & ~(1 << i), sizes[len(got)])] >> n)
+        return got[j]
+
+    def beats(a: int, b: int) -> bool:
+        for j in range(len(sizes)):
+            x, y = component(a, j), component(b, j)
+            if x != y:
+                return x > y
+        return False
+
+    # No GPU's loss leaves better sets than ``left`` has; a GPU in none of its best sets leaves
+    # all of them: the first such GPU wins unless an earlier one does as well.
     members = 0
-    for s in sizes:
-        members |= top[s]
-    best: tuple[list[int], int] | None = None
+    for size in sizes:
+        members |= best(left, size)
+    champion = -1
     bit = left
     while bit:
         low = bit & -bit
         bit ^= low
         i = low.bit_length() - 1
-        if not members & low:
-            return i  # leaves ``ceiling``: no earlier GPU did (it would have returned)
-        rest = _best_by_size(keys, left ^ low)
-        score = [keys[rest[s]] >> n for s in sizes]
-        if score == ceiling:
-            return i
-        if best is None or score > best[0]:
-            best = (score, i)
-    assert best is not None
-    return best[1]
+        if champion < 0:
+            champion = i
+        elif not members & low:
+            return i if beats(i, champion) else champion
+        elif beats(i, champion):
+            champion = i
+    return champion
+
+
+@functools.lru_cache(maxsize=16)
+def _ordered(pairs: tuple[tuple[Score, ...], ...]) -> dict[int, list[int]]:
+    """Size -> every subset of that size (bit masks), best first (the rank-key order)."""
+    keys = _keys(pairs)
+    out: dict[int, list[int]] = {}
+    for mask in range(1, 1 << len(pairs)):
+        out.setdefault(mask.bit_count(), []).append(mask)
+    for masks in out.values():
+        masks.sort(key=keys.__getitem__, reverse=True)
+    return out
 
 
 def _pair(topo: topology.Topology, a: int, b: int) -> Score:
