@@ -153,8 +153,11 @@ def ranks_available() -> bool:
     return "taken" in inspect.signature(build.build).parameters
 
 
-def designs(names: Sequence[str]) -> tuple[list[schedloop.Design], list[str]]:
-    """The designs asked for, and lines about those this tree cannot run."""
+def designs(
+    names: Sequence[str], gpus: int = GPUS_PER_POD
+) -> tuple[list[schedloop.Design], list[str]]:
+    """The designs asked for, pods of ``gpus`` GPUs, and lines about those this tree cannot
+    run (the v2 sets' claim is recorded for 4 GPUs only)."""
     devices = fake.FakeBackend.from_name(PROFILE).discover()
     builtin = simulator.builtin_classes()
     classes = simulator.merge_classes([SET_CLASS, ANY_CLASS], builtin)
@@ -169,7 +172,9 @@ def designs(names: Sequence[str]) -> tuple[list[schedloop.Design], list[str]]:
         label = LABELS[name]
         if name == "plain":
             plain = build.build(devices, node_name=node, gpu_sets=False).slices
-            out.append(schedloop.Design(label, plain_claim(), fixed(plain), classes))
+            out.append(schedloop.Design(label, plain_claim(gpus), fixed(plain), classes))
+        elif name.startswith("sets-v2") and gpus != GPUS_PER_POD:
+            notes.append(f"{label}: skipped, recorded for {GPUS_PER_POD}-GPU pods only")
         elif name == "sets-v2":
             claim = json.loads((FIXTURES / "claim-v2-gpus-4.json").read_text())
             out.append(schedloop.Design(label, claim, fixed(v2_slices()), classes))
@@ -182,9 +187,7 @@ def designs(names: Sequence[str]) -> tuple[list[schedloop.Design], list[str]]:
             out.append(
                 schedloop.Design(
                     label,
-                    prototype_claim(
-                        GPUS_PER_POD, packed=packed, one_selector="one-selector" in name
-                    ),
+                    prototype_claim(gpus, packed=packed, one_selector="one-selector" in name),
                     _ranked(devices, packed=packed),
                     classes,
                     follows_allocations=not name.endswith("stale"),
@@ -249,7 +252,7 @@ def _ranked(
 COLUMNS = (
     ("nodes", "nodes in the cluster"),
     ("design", "how nodes publish, and the pods' claim"),
-    ("bound", "pods bound / pods (never more pods than fit: nodes x 8 / 4)"),
+    ("bound", "pods bound / pods (never more pods than fit: nodes x 8 / GPUs per pod)"),
     ("filtered", "nodes filtered per pod (numFeasibleNodesToFind, rotating start)"),
     ("work", "allocator work per pod: the sum of the six counters"),
     ("gathered", "slices converted by GatherPools (addSlice, buildPool's not-targeting slices)"),
@@ -292,11 +295,15 @@ def row(result: schedloop.Result, plain_work: tuple[float, float] | None) -> lis
 
 
 def table(
-    node_counts: Sequence[int], pods: int, chosen: Sequence[schedloop.Design], pick: str
+    node_counts: Sequence[int],
+    pods: int,
+    chosen: Sequence[schedloop.Design],
+    pick: str,
+    gpus: int = GPUS_PER_POD,
 ) -> list[list[str]]:
     rows: list[list[str]] = []
     for nodes in node_counts:
-        count = min(pods, nodes * 8 // GPUS_PER_POD)
+        count = min(pods, nodes * 8 // gpus)
         plain_work: tuple[float, float] | None = None
         for design in chosen:
             result = schedloop.run(design, nodes=nodes, pods=count, pick=pick)
@@ -324,18 +331,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="first",
         help="node a pod goes to: the first feasible found, or the one with fewest pods",
     )
+    parser.add_argument(
+        "--gpus", type=int, default=GPUS_PER_POD, help="GPUs per pod (default 4; 1 to 7)"
+    )
     args = parser.parse_args(argv)
+    if not 1 <= args.gpus <= 7:
+        parser.error(f"--gpus must be between 1 and 7 (a DGX H100 has 8 GPUs), not {args.gpus}")
     names = [n.strip() for n in args.designs.split(",") if n.strip()]
     unknown = [n for n in names if n not in DESIGNS]
     if unknown:
         parser.error(f"unknown design(s) {', '.join(unknown)}; known: {', '.join(DESIGNS)}")
     names.sort(key=DESIGNS.index)  # plain first: the others' ratio is to it
-    chosen, notes = designs(names)
+    chosen, notes = designs(names, args.gpus)
     start = time.perf_counter()
-    rows = table(args.nodes, args.pods, chosen, args.pick)
+    rows = table(args.nodes, args.pods, chosen, args.pick, args.gpus)
     header = [c for c, _ in COLUMNS]
     print("Allocator work per pod: kube-scheduler's loop over N DGX-H100 nodes (8 GPUs each),")
-    print(f"pods of one claim for {GPUS_PER_POD} GPUs, scheduled one after another.\n")
+    print(f"pods of one claim for {args.gpus} GPUs, scheduled one after another.\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")
     for r in rows:

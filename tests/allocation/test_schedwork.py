@@ -392,6 +392,18 @@ def test_the_benchmark_prints_a_table(capsys: pytest.CaptureFixture[str]) -> Non
     assert "checkSlicesInPool" in out
 
 
+def test_the_benchmark_takes_the_gpus_per_pod(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_benchmark()
+    argv = ["--nodes", "2", "--pods", "4", "--gpus", "1", "--designs", "plain,sets-v2,ranks-stale"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "pods of one claim for 1 GPUs" in out
+    rows = [line for line in out.splitlines() if line.startswith("| 2 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["plain", "ranks (burst, stale)"]
+    assert all(r.split("|")[3].strip() == "4/4" for r in rows)
+    assert "sets-v2: skipped, recorded for 4-GPU pods only" in out
+
+
 def test_the_cost_puts_set_ranks_where_the_real_scheduler_measured_them() -> None:
     """At 1,000 DGX H100 nodes a real kube-scheduler bound 4.4 pods/s with set ranks and 8.7
     with plain GPUs (0.51x). The allocator's loop counts alone put ranks at 1.2-1.6x of plain;
