@@ -8,6 +8,8 @@ decides what it gets. Our slices mark every GPU with its rank among the best fre
 1. ``count: N`` GPUs of rank 1 for N: the best free set the node has;
 2. else of rank 2, 3, ...: the best set once the better ones are taken (a burst of claims on
    one node gets what one-by-one allocation would give, before the agent re-ranks);
+   for one GPU (``setRank1``) rank 1 is the free GPU whose loss leaves the node's best sets
+   whole, rank 2 the next one, ...;
 3. else ``count: N`` whole GPUs: reached when no ranked set is free, e.g. on a node that
    publishes no ranks (other drivers, ``--gpu-sets=false``) or while ranks are out of date.
 
@@ -44,9 +46,11 @@ def spec(
     if nvlink not in MODES:
         raise ClaimGenError(f"--nvlink must be one of {', '.join(MODES)}, not {nvlink!r}")
     plain = {"deviceClassName": GPU_CLASS, "allocationMode": "ExactCount", "count": gpus}
-    if gpus == 1 or nvlink == "any":
+    if nvlink == "any":
         return {"devices": {"requests": [{"name": REQUEST, "exactly": plain}]}}
     if nvlink == "island":
+        if gpus == 1:
+            return {"devices": {"requests": [{"name": REQUEST, "exactly": plain}]}}
         return {
             "devices": {
                 "requests": [{"name": REQUEST, "exactly": plain}],

@@ -62,6 +62,7 @@ class SliceInfo:
     counters: bool  # has sharedCounters
     devices: int
     spec: Mapping[str, Any]
+    entries: int = 0  # attributes and capacities of all its devices
 
     @property
     def pool_id(self) -> PoolId:
@@ -91,7 +92,13 @@ def slice_info(obj: Mapping[str, Any], index: int) -> SliceInfo:
         counters=bool(spec.get("sharedCounters")),
         devices=len(spec.get("devices") or ()),
         spec=spec,
+        entries=sum(entries_of(d) for d in spec.get("devices") or ()),
     )
+
+
+def entries_of(device: Mapping[str, Any]) -> int:
+    """A device's attributes and capacities: what converting it or evaluating CEL on it copies."""
+    return len(device.get("attributes") or {}) + len(device.get("capacity") or {})
 
 
 class Cluster:
@@ -145,6 +152,7 @@ class Cluster:
                 if sl.name not in names:  # DeviceSlicesNotTargetingNode
                     work.slices_gathered += 1
                     work.devices_converted += sl.devices
+                    work.entries_converted += sl.entries
         if cacheable:
             self._cache[node_name] = schedwork.Work() + work
         return work
@@ -178,6 +186,7 @@ def _add_slice(kept: dict[PoolId, list[SliceInfo]], sl: SliceInfo, work: schedwo
     """``addSlice``: convert, then keep only the newest generation."""
     work.slices_gathered += 1
     work.devices_converted += sl.devices
+    work.entries_converted += sl.entries
     members = kept.get(sl.pool_id)
     if members is None or sl.generation > members[0].generation:
         kept[sl.pool_id] = [sl]

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dra_driver.allocation import capacity, cel, claim, pools, schedwork
+from dra_driver.allocation import capacity, cel, claim, gatherwork, pools, schedwork
 from dra_driver.apimachinery import taints
 
 
@@ -134,6 +134,7 @@ class Selection:
             compiled = self._compiled.get(expr) or cel.compile_selector(expr)
             if work is not None:
                 work.cel_evaluations += 1
+                work.cel_entries += gatherwork.entries_of(self.devices[pos].data)
             try:
                 ok = compiled.evaluate(prepared)
             except cel.CelEvalError as err:

@@ -5,7 +5,7 @@ attributes, topology, how the pool is split — before anything is sent, and app
 (``dra-driver slices --node-name n1 --fake dgx-h100 | kubectl apply -f -``). Output is
 deterministic: the same hardware gives byte-identical YAML. Standard error gets the warnings
 and one line per node saying what it publishes (:func:`summaries`), e.g.
-``node n1: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 2-7 GPUs)``. With
+``node n1: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 1-7 GPUs)``. With
 ``--kubeconfig`` the slices are those the agent would publish to that API server: it is asked
 (a dry-run probe, nothing stored) which gated fields it keeps, what it would drop is left out,
 and an explicit ``--dynamic-mig``/``--shareable`` it cannot honour is refused (exit 1); an

@@ -83,7 +83,7 @@ def _story(report: Report, rig: rigging.Rig) -> None:
     )
     report.check(
         bool(ranks) and all(r == {"int": 0} for r in ranks),
-        "gpu-0 left every ranked set (setRank2..7 = 0): dra-driver claim no longer picks it",
+        "gpu-0 left every ranked set (setRank1..7 = 0): dra-driver claim no longer picks it",
     )
     report.say("\n  dra-driver discover --kubelet-plugins-dir ... (the agent's view):")
     table = _discover(rig)

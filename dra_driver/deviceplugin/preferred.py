@@ -5,7 +5,10 @@ with the topology-optimal set from the allocation core's exact search
 (:mod:`dra_driver.allocation.placement`: NVLink links, then same NUMA node, then same PCIe root),
 so ``nvidia.com/gpu: 4`` on a DGX-1 gets a fully connected quad instead of the first four IDs.
 With time-slicing replicas the set is spread over as many distinct GPUs (or MIG devices) as the
-size allows, preferring the least loaded ones when topology ties.
+size allows, preferring the least loaded ones when topology ties. A single whole GPU is the one
+whose loss leaves the node's best sets whole (:func:`dra_driver.devices.gpusets.singles`, the
+order the DRA side publishes as ``setRank1``): ``nvidia.com/gpu: 1`` no longer breaks the best
+quad of a DGX-1 or the best 8-GPU set of a 16-GPU mesh by taking the first free ID.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Sequence
 
 from dra_driver.allocation import placement
 from dra_driver.deviceplugin import inventory
-from dra_driver.devices import topology
+from dra_driver.devices import gpusets, topology
 
 
 def choose(
@@ -49,9 +52,23 @@ def choose(
     pool.sort(key=lambda d: order[d.id])
     if any(d.replica is not None for d in pool):
         picked = _spread(topo, pool, must, size)
+    elif size == 1 and not must and (one := _single(resource, topo, pool)) is not None:
+        picked = [one]
     else:
         picked = _best(topo, pool, must, size)
     return sorted(picked, key=order.__getitem__)
+
+
+def _single(
+    resource: inventory.Resource, topo: topology.Topology, pool: list[inventory.PluginDevice]
+) -> str | None:
+    """The offered whole GPU whose loss hurts the node's best sets least; None for MIG
+    devices (their sets are not ranked) or nodes too large to rank."""
+    if any(d.unit.mig is not None for d in resource.devices):
+        return None
+    every = sorted({d.unit.gpu_index for d in resource.devices})
+    order = gpusets.singles(topo, every, [d.unit.gpu_index for d in pool], max_ranks=1)
+    return next((d.id for d in pool if order and d.unit.gpu_index == order[0]), None)
 
 
 def _best(

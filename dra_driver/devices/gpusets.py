@@ -18,6 +18,14 @@ one PCIe root), compared in that order; equal scores go to the set with the lowe
 subset's rank key is computed once per topology by dynamic programming over bit masks; the
 optimum of F for every N is then one pass over F's subsets.
 
+Single GPUs (:func:`singles`): a claim for one GPU breaks the fewest good sets when it takes
+the GPU whose loss leaves the best sets of the sizes jobs ask for. The agent orders the free
+GPUs greedily: the first is the GPU whose removal leaves the best remaining sets, compared
+lexicographically over set sizes, powers of two first and largest first (8, 4, 2 on a 16-GPU
+node; then the other sizes, largest first), ties to the lowest minor; the second is that GPU of
+what the first leaves, and so on. Published as rank ``k`` of size 1 for the ``k``-th GPU, a
+burst of single-GPU claims takes them in that order.
+
 Until wave 3 the node published a device per useful set (``gpus-0-1-4-5``, type ``gpu-set``);
 allocations of such devices made by earlier versions are still prepared (:func:`parse_name`).
 """
@@ -83,6 +91,8 @@ def ranked(
     """Per size N (2 up to the number of eligible GPUs minus one), the ranked N-sets of the
     free GPUs: the optimum of the free GPUs, then the optimum of what is left, and so on while
     N GPUs are left (at most ``max_ranks``). ``taken``: names of GPUs that are not free.
+    Size 1 holds the free GPUs in the order single-GPU claims should take them
+    (:func:`singles`), at most ``max_ranks`` of them.
 
     Nodes with fewer than 3 or more than :data:`MAX_GPUS` eligible GPUs get no ranks.
     """
@@ -91,14 +101,13 @@ def ranked(
     if not 3 <= n <= MAX_GPUS:
         return {}
     topo = topology.build(devices)
-    pairs = tuple(
-        tuple(_pair(topo, a.index, b.index) if a is not b else (0, 0, 0) for b in gpus)
-        for a in gpus
-    )
+    pairs = _pairs(topo, [g.index for g in gpus])
     keys = _keys(pairs)
     free = sum(1 << i for i, g in enumerate(gpus) if g.name not in taken)
     best_of = functools.lru_cache(maxsize=None)(lambda left: _best_by_size(keys, left))
-    out: dict[int, tuple[GpuSet, ...]] = {}
+    out: dict[int, tuple[GpuSet, ...]] = {
+        1: tuple(GpuSet((gpus[i],), (0, 0, 0)) for i in _order(pairs, free, max_ranks))
+    }
     for size in range(2, n):
         chain: list[GpuSet] = []
         left = free
@@ -108,6 +117,108 @@ def ranked(
             chain.append(GpuSet(members, set_score(topo, [g.index for g in members])))
             left &= ~mask
         out[size] = tuple(chain)
+    return out
+
+
+def singles(
+    topo: topology.Topology,
+    indices: Sequence[int],
+    free: Collection[int],
+    *,
+    max_ranks: int = MAX_RANKS,
+) -> list[int]:
+    """The free GPUs (by index) in the order single-GPU claims should take them (at most
+    ``max_ranks``): each the GPU whose loss leaves the best sets of what is still free (see the
+    module docstring). ``indices``: the node's full GPUs, in minor order (ties go to the first);
+    ``free``: those not held. Empty for more than :data:`MAX_GPUS` GPUs."""
+    if len(indices) > MAX_GPUS:
+        return []
+    held = set(indices) - set(free)
+    mask = sum(1 << i for i, g in enumerate(indices) if g not in held)
+    return [indices[i] for i in _order(_pairs(topo, indices), mask, max_ranks)]
+
+
+def _pairs(topo: topology.Topology, indices: Sequence[int]) -> tuple[tuple[Score, ...], ...]:
+    return tuple(
+        tuple(_pair(topo, a, b) if a != b else (0, 0, 0) for b in indices) for a in indices
+    )
+
+
+def _order(pairs: tuple[tuple[Score, ...], ...], free: int, max_ranks: int) -> list[int]:
+    out: list[int] = []
+    while free and len(out) < max_ranks:
+        i = _next_single(pairs, free)
+        out.append(i)
+        free &= ~(1 << i)
+    return out
+
+
+def key_sizes(remaining: int) -> list[int]:
+    """The set sizes a single GPU's loss is judged by, in order, when ``remaining`` GPUs stay
+    free: powers of two largest first (the sizes jobs ask for), then the others largest first."""
+    sizes = range(remaining, 1, -1)
+    return [s for s in sizes if s & (s - 1) == 0] + [s for s in sizes if s & (s - 1)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _next_single(pairs: tuple[tuple[Score, ...], ...], left: int) -> int:
+    """The GPU (bit) of ``left`` whose removal leaves the best sets (lowest bit on ties).
+
+    Candidates are compared lazily, size by size in :func:`key_sizes` order, each size's best
+    set found by scanning that size's subsets best first (:func:`_ordered`) for the first one
+    the remaining GPUs hold: most candidates are decided by the first size or two."""
+    n = len(pairs)
+    keys = _keys(pairs)
+    ordered = _ordered(pairs)
+    sizes = key_sizes(left.bit_count() - 1)
+
+    def best(free: int, size: int) -> int:  # the best size-subset of ``free`` (a mask)
+        return next(m for m in ordered[size] if not m & ~free)
+
+    vectors: dict[int, list[int]] = {}
+
+    def component(i: int, j: int) -> int:  # candidate i's score for sizes[j], lazily
+        got = vectors.setdefault(i, [])
+        while len(got) <= j:
+            got.append(keys[best(left & ~(1 << i), sizes[len(got)])] >> n)
+        return got[j]
+
+    def beats(a: int, b: int) -> bool:
+        for j in range(len(sizes)):
+            x, y = component(a, j), component(b, j)
+            if x != y:
+                return x > y
+        return False
+
+    # No GPU's loss leaves better sets than ``left`` has; a GPU in none of its best sets leaves
+    # all of them: the first such GPU wins unless an earlier one does as well.
+    members = 0
+    for size in sizes:
+        members |= best(left, size)
+    champion = -1
+    bit = left
+    while bit:
+        low = bit & -bit
+        bit ^= low
+        i = low.bit_length() - 1
+        if champion < 0:
+            champion = i
+        elif not members & low:
+            return i if beats(i, champion) else champion
+        elif beats(i, champion):
+            champion = i
+    return champion
+
+
+@functools.lru_cache(maxsize=16)
+def _ordered(pairs: tuple[tuple[Score, ...], ...]) -> dict[int, list[int]]:
+    """Size -> every subset of that size (bit masks), best first (the rank-key order)."""
+    keys = _keys(pairs)
+    out: dict[int, list[int]] = {}
+    for mask in range(1, 1 << len(pairs)):
+        out.setdefault(mask.bit_count(), []).append(mask)
+    for masks in out.values():
+        masks.sort(key=keys.__getitem__, reverse=True)
     return out
 
 

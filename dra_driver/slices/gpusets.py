@@ -5,8 +5,10 @@ without publishing anything but one device per GPU. For every set size N the nod
 (2 up to its full GPUs minus one), each full GPU's device carries an int attribute
 ``setRank<N>``: 1 when it belongs to the best free set of N GPUs, 2 when it belongs to the best
 one left once rank 1 is taken, ... (:func:`dra_driver.devices.gpusets.ranked`), 0 when it
-belongs to none (it is held by a claim, unhealthy, or left over). ``dra-driver claim --gpus N``
-asks for N GPUs of rank 1, else of rank 2, ..., else any N.
+belongs to none (it is held by a claim, unhealthy, or left over). ``setRank1`` orders single
+GPUs: 1 on the free GPU whose loss leaves the best sets, 2 on the next one, ...
+(:func:`dra_driver.devices.gpusets.singles`). ``dra-driver claim --gpus N`` asks for N GPUs of
+rank 1, else of rank 2, ..., else any N.
 
 The ranks describe the free GPUs as this agent sees them (the claims it prepared, the GPUs'
 health), so they change as claims come and go and the agent re-publishes. They are a hint for

@@ -101,7 +101,13 @@ def test_island_any_and_one_gpu(capsys: pytest.CaptureFixture[str]) -> None:
             }
         ]
     }
-    assert claimgen.spec(1) == claimgen.spec(1, nvlink="any")  # one GPU: nothing to connect
+    # One GPU: the ladder over setRank1 (the GPU whose loss keeps the best sets whole), then any.
+    single = claimgen.spec(1)["devices"]["requests"][0]["firstAvailable"]
+    assert [r["name"] for r in single] == [*(f"rank{i}" for i in range(1, 8)), "any"]
+    assert single[0]["selectors"][0]["cel"]["expression"] == (
+        'device.attributes["gpu.nvidia.com"].?setRank1.orValue(0) == 1'
+    )
+    assert claimgen.spec(1, nvlink="island") == claimgen.spec(1, nvlink="any")
     code, out, _ = run(capsys, "--gpus", "2", "--nvlink", "island")
     assert code == 0 and yaml.safe_load(out)["metadata"]["name"] == "gpus-2-island"
 

@@ -47,7 +47,7 @@ def test_demo_default_profile_runs_green() -> None:
     assert "Scene 2 of 6: health" in out
     assert "key: gpu.nvidia.com/xid" in out and "effect: NoExecute" in out
     assert "[ok] discover shows gpu-0 Unhealthy (xid=79)" in out
-    assert "[ok] gpu-0 left every ranked set (setRank2..7 = 0)" in out
+    assert "[ok] gpu-0 left every ranked set (setRank1..7 = 0)" in out
     assert "[ok] an eight-GPU claim no longer fits:" in out
     assert "[ok] the eight-GPU claim fits again" in out
     assert "[ok] discover: gpu-0 Healthy, recoveries 2" in out

@@ -41,7 +41,7 @@ def test_dgx_h100_prints_valid_multi_document_yaml_identically_every_time() -> N
     assert all(d["attributes"]["setRank4"]["int"] in (1, 2) for d in gpus)
     # The summary goes to stderr, so stdout stays what kubectl apply takes.
     assert first.stderr == (
-        "node n1: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 2-7 GPUs)\n"
+        "node n1: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 1-7 GPUs)\n"
     )
     assert "node n1" not in first.stdout
 
@@ -66,7 +66,7 @@ def test_nvl_pairs_two_islands_json_output_and_driver_name() -> None:
     # The bridged pairs are the ranked pairs.
     assert [d["attributes"]["setRank2"]["int"] for d in gpus] == [1, 1, 2, 2]
     assert proc.stderr.splitlines() == [
-        "node n1: 4 devices in 1 ResourceSlice (4 GPUs; set ranks for 2-3 GPUs)"
+        "node n1: 4 devices in 1 ResourceSlice (4 GPUs; set ranks for 1-3 GPUs)"
     ]
 
 
@@ -113,7 +113,7 @@ def test_shareable_flag_and_its_environment_twin() -> None:
         assert all("requestPolicy" in d["capacity"]["memory"] for d in gpus)
         assert not any("consumesCounters" in d for d in gpus)
         assert proc.stderr == (
-            "node n1: 4 devices in 1 ResourceSlice (4 GPUs, 4 shareable; set ranks for 2-3 GPUs)\n"
+            "node n1: 4 devices in 1 ResourceSlice (4 GPUs, 4 shareable; set ranks for 1-3 GPUs)\n"
         )
     plain = run("--node-name", "n1", "--fake", "pcie-l4")
     assert "allowMultipleAllocations" not in plain.stdout
@@ -141,11 +141,11 @@ def test_without_gpu_sets_one_device_per_gpu_and_no_ranks() -> None:
     assert flag.stderr == "node n1: 8 devices in 1 ResourceSlice (8 GPUs; no set ranks)\n"
     with_ranks = run("--node-name", "n1", "--fake", "dgx-1-v100")
     (ranked,) = list(yaml.safe_load_all(with_ranks.stdout))
-    # The same devices, each with setRank2 .. setRank7; still no set devices nor counters.
+    # The same devices, each with setRank1 .. setRank7; still no set devices nor counters.
     assert [d["name"] for d in ranked["spec"]["devices"]] == [d["name"] for d in devices]
     for plain, full in zip(devices, ranked["spec"]["devices"], strict=True):
         extra = set(full["attributes"]) - set(plain["attributes"])
-        assert extra == {f"setRank{n}" for n in range(2, 8)}
+        assert extra == {f"setRank{n}" for n in range(1, 8)}
     assert "gpu-set" not in with_ranks.stdout and "sharedCounters" not in with_ranks.stdout
     bad = run("--node-name", "n1", "--fake", "dgx-1-v100", "--gpu-sets=maybe")
     assert bad.returncode == 2 and "'maybe' is not true or false" in bad.stderr
@@ -177,11 +177,11 @@ def test_summaries_group_slices_by_node() -> None:
     ]
     assert slices_cli.summaries(both) == [
         "node a: 4 devices in 1 ResourceSlice (4 GPUs; no set ranks)",
-        "node b: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 2-7 GPUs)",
+        "node b: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 1-7 GPUs)",
     ]
     empty = build.build(dataclasses.replace(node, gpus=()), node_name="c").slices
     assert slices_cli.summaries(empty) == ["node c: 0 devices in 1 ResourceSlice"]
     three = dataclasses.replace(node, gpus=node.gpus[:3])  # one size to rank: pairs
     assert slices_cli.summaries(build.build(three, node_name="d").slices) == [
-        "node d: 3 devices in 1 ResourceSlice (3 GPUs; set ranks for 2 GPUs)"
+        "node d: 3 devices in 1 ResourceSlice (3 GPUs; set ranks for 1-2 GPUs)"
     ]

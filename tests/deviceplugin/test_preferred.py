@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from dra_driver.deviceplugin import inventory, preferred
-from dra_driver.devices import fake, model, topology
+from dra_driver.devices import fake, gpusets, model, topology
 
 MigStrategy = inventory.MigStrategy
 
@@ -123,3 +123,25 @@ def test_must_include_replicas_count_as_taken_when_filling() -> None:
     # Two of GPU 0 are given: both others go to GPU 1.
     got = preferred.choose(res, topo, available=two, must_include=g0[:2], size=4)
     assert _replica_counts(res, got) == {0: 2, 1: 2}
+
+
+def test_single_gpus_go_where_their_loss_keeps_the_best_sets_whole() -> None:
+    """``nvidia.com/gpu: 1`` one pod after another on the 16-GPU mesh: the DRA side's
+    ``setRank1`` order (gpusets.singles), which keeps one optimal 8-GPU set whole after eight
+    pods; the first free IDs (gpu-0..7) would have broken both from the fifth pod on."""
+    devs, res, topo = setup("hgx-16-mesh")
+    every = [g.index for g in devs.gpus]
+    best8 = max(gpusets.set_score(topo, c) for c in itertools.combinations(every, 8))
+    offered = [d.id for d in res.devices]
+    taken: list[int] = []
+    for _ in range(8):
+        [one] = preferred.choose(res, topo, available=offered, must_include=[], size=1)
+        taken += gpus_of(res, [one])
+        offered.remove(one)
+    assert taken == gpusets.singles(topo, every, every, max_ranks=8)
+    assert taken != list(range(8))
+    free = [i for i in every if i not in taken]
+    assert any(gpusets.set_score(topo, c) == best8 for c in itertools.combinations(free, 8))
+    # With must_include the kubelet decides; time-sliced replicas still spread.
+    [kept] = preferred.choose(res, topo, available=offered, must_include=[offered[-1]], size=1)
+    assert kept == offered[-1]

@@ -50,7 +50,9 @@ def test_preferred_allocation_errors_name_the_container_and_are_logged(
     assert warning["resource"] == "nvidia.com/gpu"
     [answered] = events_named(logged, "preferred allocation")  # the first container's answer
     assert answered["container"] == 0 and answered["size"] == 1
-    assert answered["devices"] == [u[0]] and answered["resource"] == "nvidia.com/gpu"
+    # One GPU: gpu-2 (NUMA node 1, its own PCIe root), which keeps the best pair gpu-0/gpu-1
+    # (one switch) whole.
+    assert answered["devices"] == [u[2]] and answered["resource"] == "nvidia.com/gpu"
 
     must = pb.PreferredAllocationRequest()
     must.container_requests.add(

@@ -89,7 +89,7 @@ def test_dgx_h100_is_one_slice_of_eight_gpus_with_every_attribute_and_one_island
     assert "sharedCounters" not in only["spec"]  # counters only for dynamic MIG
     devices = only["spec"]["devices"]
     assert [d["name"] for d in devices] == [f"gpu-{i}" for i in range(8)]
-    rank_keys = {f"setRank{n}" for n in range(2, 8)}
+    rank_keys = {f"setRank{n}" for n in range(1, 8)}
     for d in devices:
         attrs = d["attributes"]
         assert GPU_ATTRIBUTES | {"nvlinkIsland"} | rank_keys == set(attrs)
@@ -293,7 +293,9 @@ def test_an_empty_dgx_1_ranks_its_best_sets_first() -> None:
     assert ranks(slices, 3) == [1, 0, 1, 1, 2, 0, 2, 2]
     assert ranks(slices, 4) == [1, 1, 1, 1, 2, 2, 2, 2]  # the two fully connected quads
     assert ranks(slices, 7) == [1, 1, 1, 1, 1, 1, 1, 0]
-    assert all(rank_sizes(d) == list(range(2, 8)) for d in gpus(slices))
+    # Single GPUs: fill the quad gpu-0..3 first (keeping gpu-4..7 whole), gpu-7 last.
+    assert ranks(slices, 1) == [1, 4, 3, 2, 5, 6, 7, 0]
+    assert all(rank_sizes(d) == list(range(1, 8)) for d in gpus(slices))
 
 
 def test_taken_gpus_are_left_out_of_the_ranks_and_the_rest_re_ranked() -> None:
@@ -401,7 +403,7 @@ def test_sixteen_gpus_rank_every_size_within_32_attributes_per_device() -> None:
         published = only["spec"]["devices"]
         assert [d["name"] for d in published] == [f"gpu-{i}" for i in range(16)]
         for d in published:
-            assert rank_sizes(d) == list(range(2, 16))
+            assert rank_sizes(d) == list(range(1, 16))
             used = len(d["attributes"]) + len(d["capacity"])
             assert used <= devicerules.MAX_ATTRIBUTES_AND_CAPACITIES
         assert validate.validate(only) == []
@@ -414,7 +416,7 @@ def test_sixteen_gpus_rank_every_size_within_32_attributes_per_device() -> None:
         assert len(chain) == min(16 // size, gpusets.MAX_RANKS)
 
 
-@pytest.mark.parametrize(("count", "sizes"), [(2, []), (3, [2]), (5, [2, 3, 4]), (17, [])])
+@pytest.mark.parametrize(("count", "sizes"), [(2, []), (3, [1, 2]), (5, [1, 2, 3, 4]), (17, [])])
 def test_only_nodes_with_3_to_16_full_gpus_get_ranks(
     make_devices: Callable[..., model.NodeDevices], count: int, sizes: list[int]
 ) -> None:
@@ -482,6 +484,6 @@ def test_mig_only_nodes_keep_their_layout_and_ranks_can_be_turned_off() -> None:
     assert "setRank" not in json.dumps(plain)
     # Apart from the ranks, the devices are the same.
     for bare, ranked in zip(plain["spec"]["devices"], gpus(with_ranks), strict=True):
-        assert rank_sizes(ranked) == list(range(2, 8))
+        assert rank_sizes(ranked) == list(range(1, 8))
         kept = {k: v for k, v in ranked["attributes"].items() if not k.startswith("setRank")}
         assert bare == {**ranked, "attributes": kept}

@@ -125,7 +125,7 @@ def test_eight_and_twelve_gpus_split_within_the_limits() -> None:
         assert [d["name"] for d in full] == [f"gpu-{i}" for i in range(gpus)]
         for dev in devices:
             sizes = [k for k in dev["attributes"] if k.startswith("setRank")]
-            assert len(sizes) == (gpus - 2 if dev in full else 0)
+            assert len(sizes) == (gpus - 1 if dev in full else 0)
         for obj in built.slices:
             spec = obj["spec"]
             assert spec["pool"]["resourceSliceCount"] == len(built.slices)
