@@ -15,7 +15,11 @@ late. (See ``benchmarks/benchkit.py``.) Printed as tables:
   TLS connections the server accepted during the prepare burst (resumed sessions in brackets);
 * one claim at a time for ``--singles`` cycles (≥ 2,000 for a long run): prepare and unprepare
   latency percentiles, CPU per prepare + unprepare, the plugin's RSS before and after;
-* the same over plain HTTP (one burst size and the single-claim run) for comparison.
+* the same over plain HTTP (one burst size and the single-claim run) for comparison;
+* a summary of the three figures issue 37 holds us to (single prepares p50 and p99, 32 claims at
+  once, warm, over TLS), next to upstream's Go kubelet-plugin helper as measured then on a real
+  API server, and the floor: the claim GET alone (``--floor-gets`` GETs through the plugin's own
+  client code, from this process, one at a time), which every prepare must make.
 
 ``--tree`` runs the plugin from another source tree (e.g. an export of ``main``) with this
 benchmark's API server and client, for before/after tables. The benchmark client's own CPU is not
@@ -105,6 +109,47 @@ def singles(plugin: Plugin, objs: list[dict[str, Any]], cycles: int) -> Singles:
     return out
 
 
+def claim_gets(kubeconfig: Path, objs: list[dict[str, Any]], count: int) -> list[float]:
+    """Wall time of ``count`` claim GETs one after the other, through the client the plugin
+    uses (lean transport over TLS), after a warm-up: the floor of a prepare."""
+    from dra_driver.kube import client
+
+    kube = client.KubeClient.connect(kubeconfig)
+    try:
+        for obj in objs[:20]:
+            kube.get_resource_claim(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        out = []
+        for i in range(count):
+            meta = objs[i % len(objs)]["metadata"]
+            start = time.perf_counter()
+            kube.get_resource_claim(meta["namespace"], meta["name"])
+            out.append(time.perf_counter() - start)
+        return out
+    finally:
+        kube.close()
+
+
+# Upstream's Go kubelet-plugin helper, side by side with us on a real v1.36.2 API server over
+# TLS (issue 37): prepare p50 and p99 (ms), 32 claims at once (s).
+GO_HELPER = (8.6, 39.1, 0.119)
+
+
+def print_summary(run: Singles, warm32: Burst | None, floor: list[float]) -> None:
+    burst32 = f"{statistics.median(warm32.prepare_s):12.3f}" if warm32 else f"{'-':>12}"
+    print(f"{'summary, over TLS':40} {'p50 ms':>8} {'p99 ms':>8} {'32 at once s':>12}")
+    print(
+        f"{'  this plugin: prepare':40} {pct(run.prepare_s, 50) * 1000:8.2f} "
+        f"{pct(run.prepare_s, 99) * 1000:8.2f} {burst32}"
+    )
+    if floor:
+        print(
+            f"{'  the floor: the claim GET alone':40} {pct(floor, 50) * 1000:8.2f} "
+            f"{pct(floor, 99) * 1000:8.2f} {'-':>12}"
+        )
+    go = GO_HELPER
+    print(f"{'  Go helper (real API server, issue 37)':40} {go[0]:8.1f} {go[1]:8.1f} {go[2]:12.3f}")
+
+
 def print_singles(title: str, run: Singles) -> None:
     cycles = len(run.prepare_s)
     print(f"{title}, {cycles} cycles    {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}")
@@ -136,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-delay-ms", type=float, default=0.0, help="server delay per GET")
     parser.add_argument("--tree", type=Path, default=REPO, help="the plugin's source tree")
     parser.add_argument("--label", default="", help="a name for the tree in the title")
+    parser.add_argument(
+        "--floor-gets", type=int, default=500, help="claim GETs alone, for the floor (TLS)"
+    )
     parser.add_argument(
         "--cdi-on-disk", action="store_true", help="CDI specs on the temp dir's disk, not tmpfs"
     )
@@ -188,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             long_tls = singles(p, objs, args.singles)
         finally:
             p.stop()
+        floor = claim_gets(tls.kubeconfig, objs, args.floor_gets)
         p = plugin(tls_idle, "idle")
         try:
             burst(p, tls_idle, objs[:32], Burst())  # warm-up
@@ -242,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"plain HTTP (no TLS), for comparison, {args.rounds} rounds")
     print(f"{f'  {32:>3} claims, {WARM}':30} " + plain_burst.row())
     print_singles("one claim at a time (HTTP)", long_plain)
+    print()
+    print_summary(long_tls, bursts.get((WARM, 32)), floor)
     return 0
 
 

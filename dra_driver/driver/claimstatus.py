@@ -11,11 +11,15 @@ exactly ours. ``metadata.uid`` travels as a precondition: a claim re-created und
 name is never written to.
 
 Never on the prepare path: :meth:`StatusWriter.sync` only queues the claim, a background thread
-writes. What it writes is derived at write time from the checkpoint (a completed record: its
-devices; no record: nothing), so a queued prepare and a later unprepare cannot be applied in the
-wrong order. A refused or failed write is logged with the claim, counted
-(``dra_driver_claim_status_writes_total{result}``) and retried with exponential backoff, up to
-``max_attempts``; a claim gone from the API server (404, or replaced: UID conflict) is dropped.
+writes, and it writes while no claim of this node is being prepared or unprepared
+(:meth:`StatusWriter.busy`; at most ``max_defer_s`` late): on a busy API server (2 cores, a burst
+of claims) each apply costs the server about what a claim GET does, so applying in the middle of
+a burst made every prepare of it wait longer for its GET (issue 37). What it writes is derived
+at write time from the checkpoint (a completed record: its devices; no record: nothing), so a
+queued prepare and a later unprepare cannot be applied in the wrong order. A refused or failed
+write is logged with the claim, counted (``dra_driver_claim_status_writes_total{result}``) and
+retried with exponential backoff, up to ``max_attempts``; a claim gone from the API server (404,
+or replaced: UID conflict) is dropped.
 Pending writes are not persisted: a restart loses them (docs/status.md).
 
 Only the :class:`~dra_driver.kube.api.KubeApi` port is used (plain dicts, no client library).
@@ -23,6 +27,7 @@ Only the :class:`~dra_driver.kube.api.KubeApi` port is used (plain dicts, no cli
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -30,7 +35,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import prometheus_client as prom
@@ -188,7 +193,9 @@ class StatusWriter:
         backoff_s: tuple[float, float] = (1.0, 60.0),
         max_attempts: int = 10,
         clock: Callable[[], float] = time.monotonic,
+        max_defer_s: float = 2.0,
     ) -> None:
+        """``max_defer_s``: how long a due write may wait for claims in progress to end."""
         self.api = api
         self.store = store
         self.devices = devices
@@ -205,6 +212,8 @@ class StatusWriter:
         self._dropped_said = False  # the server drops status.devices: said once
         self._since: dict[str, str] = {}  # claim UID → when we first reported it Ready
         self._cond = threading.Condition()
+        self.max_defer_s = max_defer_s
+        self._in_progress = 0  # prepares and unprepares running now (see busy())
         self._stopped = False
         self._busy = threading.Lock()  # held while writing (see _before_fork)
         _WRITERS.add(self)
@@ -218,6 +227,19 @@ class StatusWriter:
             gen = old.generation + 1 if old is not None else 0
             self._jobs[ref.uid] = _Job(ref=ref, due=self._clock(), generation=gen)
             self._cond.notify()
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Around a claim's prepare or unprepare: writes wait until none is in progress."""
+        with self._cond:
+            self._in_progress += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._in_progress -= 1
+                if not self._in_progress:
+                    self._cond.notify()
 
     def pending(self) -> int:
         with self._cond:
@@ -236,10 +258,14 @@ class StatusWriter:
                 while not self._stopped:
                     now = self._clock()
                     due = [j for j in self._jobs.values() if j.due <= now]
+                    if due and self._in_progress:  # claims first, unless one waited too long
+                        due = [j for j in due if j.due + self.max_defer_s <= now]
                     if due:
                         break
-                    wait = min((j.due - now for j in self._jobs.values()), default=None)
-                    self._cond.wait(timeout=wait)
+                    waits = [j.due - now for j in self._jobs.values() if j.due > now]
+                    if self._in_progress:
+                        waits += [j.due + self.max_defer_s - now for j in self._jobs.values()]
+                    self._cond.wait(timeout=max(0.0, min(waits)) if waits else None)
                 if self._stopped:
                     return
                 job = min(due, key=lambda j: j.due)

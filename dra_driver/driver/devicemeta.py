@@ -1,13 +1,14 @@
 """Device metadata in the container: what a prepared claim got, as JSON files the spec mounts.
 
-Two kinds of file per claim, all in one per-claim directory on the host,
-``<plugin-dir>/claim-metadata/<claim-uid>/`` (docs/metadata.md):
+Two kinds of file per claim, side by side in one flat directory on the host,
+``<plugin-dir>/claim-metadata/`` (docs/metadata.md):
 
-* ``claim.json``, our own format, mounted read-only at ``/var/run/nvidia-dra/claims/<uid>.json``
-  through the spec's claim-wide edits (every container given a device of the claim sees it):
-  the claim, and per device its requests, GPUs (UUID, minor, PCI bus ID, NUMA node), MIG
-  UUID and profile, share capacity; NVLink links among the claim's full GPUs.
-* ``requests/<request>/metadata.json``, KEP-5304's ``DeviceMetadata`` (v1alpha1), mounted
+* ``<claim-uid>.claim.json``, our own format, mounted read-only at
+  ``/var/run/nvidia-dra/claims/<uid>.json`` through the spec's claim-wide edits (every container
+  given a device of the claim sees it): the claim, and per device its requests, GPUs (UUID,
+  minor, PCI bus ID, NUMA node), MIG UUID and profile, share capacity; NVLink links among the
+  claim's full GPUs.
+* ``<claim-uid>.<request>.metadata.json``, KEP-5304's ``DeviceMetadata`` (v1alpha1), mounted
   read-only at the well-known path ``/var/run/kubernetes.io/dra-device-attributes/
   resourceclaims/<claim>/<request>/<driver>-metadata.json`` (``resourceclaimtemplates/
   <pod-claim-name>/...`` for a claim made from a template) through the devices of that request
@@ -15,8 +16,18 @@ Two kinds of file per claim, all in one per-claim directory on the host,
 
 The content is a pure function of the checkpoint record and the discovered device model, so
 recovery rebuilds it from the record: files are written (atomically, dot-named temporary +
-rename) before the spec, removed with it, restored like it, and a directory without a record is
-removed at start-up.
+rename, never fsynced: a record of an earlier boot is dropped with them, and a completed record
+of this boot gets them rewritten at start-up) before the spec, removed with it, restored like
+it, and a file without a record is removed at start-up.
+
+Flat on purpose (issue 37): no directory per claim, so a prepare makes no directory and an
+unprepare removes exactly the files the record names, one ``unlink`` each, instead of a tree walk
+with a ``rmdir`` per level — directory inodes are what made the old layout cost milliseconds on
+ext4, in the unprepare itself and in the journal commit the next prepare's fsync waits for. A
+claim prepared by an earlier version keeps its per-claim directory (its spec mounts it) until it
+is unprepared. The files are not recycled (as checkpoint records are): a container may still
+have one bind-mounted (a pod force-deleted on a partitioned node), and must never see another
+claim's content through it.
 """
 
 from __future__ import annotations
@@ -34,7 +45,10 @@ from dra_driver.devices import model, topology
 from dra_driver.driver import atomicfile, checkpoint, claims, inventory
 
 DIRECTORY = "claim-metadata"  # under the plugin directory
-CLAIM_FILE = "claim.json"
+CLAIM_SUFFIX = ".claim.json"  # <uid>.claim.json
+KEP_SUFFIX = ".metadata.json"  # <uid>.<request>.metadata.json
+# The layout before issue 37: <uid>/claim.json, <uid>/requests/<request>/metadata.json.
+LEGACY_CLAIM_FILE = "claim.json"
 CONTAINER_DIR = "/var/run/nvidia-dra/claims"
 FORMAT_VERSION = "gpu.nvidia.com/v1alpha1"
 KIND = "ClaimMetadata"
@@ -42,7 +56,6 @@ KIND = "ClaimMetadata"
 KEP_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
 KEP_API_VERSION = "metadata.resource.k8s.io/v1alpha1"
 KEP_KIND = "DeviceMetadata"
-KEP_FILE = "metadata.json"
 POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"  # on claims made from a template
 STANDARD = "resource.kubernetes.io"
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
@@ -58,6 +71,7 @@ class ClaimMetadata:
 
     def __init__(self, *, root: Path, driver_name: str, devices: inventory.Inventory) -> None:
         self.root = root
+        self._root = os.fspath(root)
         self.driver_name = driver_name
         self.devices = devices
         node = devices.node
@@ -67,14 +81,19 @@ class ClaimMetadata:
 
     # ---- paths and mounts --------------------------------------------------------------------
 
-    def claim_dir(self, uid: str) -> Path:
+    def claim_file(self, uid: str) -> str:
+        return f"{self._root}/{uid}{CLAIM_SUFFIX}"
+
+    def request_file(self, uid: str, request: str) -> str:
+        return f"{self._root}/{uid}.{request}{KEP_SUFFIX}"
+
+    def legacy_dir(self, uid: str) -> Path:
+        """Where an earlier version kept the claim's files (one directory per claim)."""
         return self.root / uid
 
     def mounts(self, ref: claims.ClaimRef) -> list[dict[str, Any]]:
-        """The claim-wide mount (the spec's common edits): ``claim.json``."""
-        return [
-            _mount(self.claim_dir(ref.uid) / CLAIM_FILE, f"{CONTAINER_DIR}/{ref.uid}.json"),
-        ]
+        """The claim-wide mount (the spec's common edits): ``<uid>.claim.json``."""
+        return [_mount(self.claim_file(ref.uid), f"{CONTAINER_DIR}/{ref.uid}.json")]
 
     def plan(
         self, ref: claims.ClaimRef, claim: Mapping[str, Any], planned: Sequence[Any]
@@ -93,7 +112,7 @@ class ClaimMetadata:
                 out.append(item)
                 continue
             mount = _mount(
-                self.claim_dir(ref.uid) / "requests" / item.request / KEP_FILE,
+                self.request_file(ref.uid, item.request),
                 f"{where}/{item.request}/{self.driver_name}-metadata.json",
             )
             edits = dict(item.edits)
@@ -104,10 +123,14 @@ class ClaimMetadata:
     # ---- content -----------------------------------------------------------------------------
 
     def files(self, record: checkpoint.ClaimRecord) -> dict[str, Any]:
-        """Relative path → JSON content of every file of ``record``'s claim."""
+        """Host path → JSON content of every file of ``record``'s claim (where its spec mounts
+        them: the flat layout, or an earlier version's directory for a claim it prepared)."""
+        legacy = self._legacy(record)
         devices = [self._device(d) for d in record.devices]
         out: dict[str, Any] = {
-            CLAIM_FILE: {
+            os.fspath(self.legacy_dir(record.uid) / LEGACY_CLAIM_FILE)
+            if legacy
+            else self.claim_file(record.uid): {
                 "apiVersion": FORMAT_VERSION,
                 "kind": KIND,
                 "driver": self.driver_name,
@@ -122,7 +145,12 @@ class ClaimMetadata:
                 if _NAME.match(request):
                     by_request.setdefault(request, []).append(self._kep_device(dev, facts))
         for request, kep_devices in by_request.items():
-            out[f"requests/{request}/{KEP_FILE}"] = {
+            path = (
+                os.fspath(self.legacy_dir(record.uid) / "requests" / request / "metadata.json")
+                if legacy
+                else self.request_file(record.uid, request)
+            )
+            out[path] = {
                 "apiVersion": KEP_API_VERSION,
                 "kind": KEP_KIND,
                 "metadata": {
@@ -227,44 +255,56 @@ class ClaimMetadata:
     # ---- files -------------------------------------------------------------------------------
 
     def write(self, record: checkpoint.ClaimRecord) -> None:
-        """Write every file of ``record``'s claim (atomically each; not durable: the spec that
-        mounts them lives on a tmpfs, and records of another boot are dropped)."""
+        """Write every file of ``record``'s claim (atomically each; not durable, see the module
+        docstring). The directory is made only when it is missing (the first claim)."""
         ref = _ref(record)
-        for rel, content in self.files(record).items():
-            path = self.claim_dir(record.uid) / rel
+        for path, content in self.files(record).items():
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                atomicfile.write_json(path, content, durable=False)
+                try:
+                    atomicfile.write_json(path, content, durable=False)
+                except FileNotFoundError:  # the directory (or a legacy claim's) is missing
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    atomicfile.write_json(path, content, durable=False)
             except OSError as exc:
                 raise _problem(ref, "write", path, exc) from None
 
-    def remove(self, ref: claims.ClaimRef) -> bool:
-        """Remove the claim's directory (idempotent); False when there was none."""
-        path = self.claim_dir(ref.uid)
-        if not os.path.lexists(path):
-            return False
-        try:
-            shutil.rmtree(path)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise _problem(ref, "remove", path, exc) from None
-        return True
+    def remove(self, ref: claims.ClaimRef, record: checkpoint.ClaimRecord | None = None) -> bool:
+        """Remove the claim's files (idempotent): with its ``record``, exactly the files it
+        names (one ``unlink`` each); without, whatever carries its UID. False when there was
+        none."""
+        if record is not None and record.uid == ref.uid:
+            paths = list(self.files(record))
+        else:
+            paths = self._files_of(ref.uid)
+        found = False
+        for path in paths:
+            try:
+                os.unlink(path)
+                found = True
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise _problem(ref, "remove", path, exc) from None
+        legacy = self.legacy_dir(ref.uid)
+        if os.path.isdir(legacy):  # a claim an earlier version prepared: its whole directory
+            try:
+                shutil.rmtree(legacy)
+                found = True
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise _problem(ref, "remove", legacy, exc) from None
+        return found
 
     def restore(self, record: checkpoint.ClaimRecord) -> bool:
-        """Rewrite what is missing or differs from ``record`` (stale files removed too);
-        returns whether anything changed."""
-        directory = self.claim_dir(record.uid)
+        """Rewrite what is missing or differs from ``record`` (files of its UID that it does not
+        name removed too); returns whether anything changed."""
         wanted = self.files(record)
-        changed = False
-        for rel, content in wanted.items():
-            if _read(directory / rel) != content:
-                changed = True
-        on_disk = (
-            {str(p.relative_to(directory)) for p in directory.rglob("*") if not p.is_dir()}
-            if directory.is_dir()
-            else set()
-        )
+        changed = any(_read(Path(path)) != content for path, content in wanted.items())
+        on_disk = set(self._files_of(record.uid))
+        legacy = self.legacy_dir(record.uid)
+        if legacy.is_dir():
+            on_disk.update(os.fspath(p) for p in legacy.rglob("*") if not p.is_dir())
         if changed or on_disk - set(wanted):
             self.remove(_ref(record))
             self.write(record)
@@ -272,14 +312,40 @@ class ClaimMetadata:
         return False
 
     def uids_on_disk(self) -> list[str]:
-        if not self.root.is_dir():
+        """UIDs with files (or an earlier version's directory) here."""
+        try:
+            names = os.listdir(self.root)
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(p.name for p in self.root.iterdir() if checkpoint.valid_uid(p.name))
+        uids = {name.split(".", 1)[0] for name in names if not name.startswith(".")}
+        return sorted(uid for uid in uids if checkpoint.valid_uid(uid))
+
+    def remove_stale_temporaries(self) -> list[Path]:
+        """Temporaries of writes a crash interrupted (start-up)."""
+        return atomicfile.remove_stale_temporaries(self.root)
+
+    def _files_of(self, uid: str) -> list[str]:
+        """The flat files named for ``uid`` (a UID has no dot, so ``<uid>.`` is its prefix)."""
+        try:
+            names = os.listdir(self.root)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        prefix = f"{uid}."
+        return [f"{self._root}/{n}" for n in names if n.startswith(prefix)]
+
+    def _legacy(self, record: checkpoint.ClaimRecord) -> bool:
+        """Whether ``record``'s spec mounts an earlier version's per-claim directory."""
+        edits = record.cdiSpec.get("containerEdits")
+        mounts = edits.get("mounts") if isinstance(edits, dict) else None
+        if not mounts:
+            return False
+        old = os.fspath(self.legacy_dir(record.uid) / LEGACY_CLAIM_FILE)
+        return any(isinstance(m, dict) and m.get("hostPath") == old for m in mounts)
 
 
-def _mount(host: Path, container: str) -> dict[str, Any]:
+def _mount(host: str, container: str) -> dict[str, Any]:
     return {
-        "hostPath": os.fspath(host),
+        "hostPath": host,
         "containerPath": container,
         "options": list(MOUNT_OPTIONS),
     }

@@ -60,7 +60,7 @@ class Driver:
 
     def prepare(self, refs: Sequence[claims.ClaimRef]) -> dict[str, results.PrepareResult]:
         def one(ref: claims.ClaimRef) -> results.PrepareResult:
-            with self.metrics.request("prepare", log=self._claim_log(ref)) as req:
+            with self._busy(), self.metrics.request("prepare", log=self._claim_log(ref)) as req:
                 try:
                     with self._claim_lock(ref.uid):
                         devices = self.state.prepare(ref)
@@ -77,7 +77,7 @@ class Driver:
         """Claim UID → error ("" = success)."""
 
         def one(ref: claims.ClaimRef) -> str:
-            with self.metrics.request("unprepare", log=self._claim_log(ref)) as req:
+            with self._busy(), self.metrics.request("unprepare", log=self._claim_log(ref)) as req:
                 try:
                     with self._claim_lock(ref.uid):
                         self.state.unprepare(ref)
@@ -123,6 +123,10 @@ class Driver:
         self._pool.shutdown(wait=True, cancel_futures=True)
         if self.status is not None:
             self.status.stop()
+
+    def _busy(self) -> contextlib.AbstractContextManager[object]:
+        """A claim in progress: status writes wait for it (:meth:`StatusWriter.busy`)."""
+        return self.status.busy() if self.status is not None else contextlib.nullcontext()
 
     def _status_changed(self, ref: claims.ClaimRef) -> None:
         if self.status is None:

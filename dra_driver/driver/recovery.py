@@ -78,6 +78,7 @@ def recover(state: ClaimStateParts) -> None:
     """Bring disk back to a consistent state after whatever ended the last run."""
     report = state.store.load()
     state.specs.remove_stale_temporaries()
+    state.metadata.remove_stale_temporaries()
     for uid in report.other_boot:
         if checkpoint.valid_uid(uid):
             state.specs.remove(uid)
@@ -98,7 +99,7 @@ def recover(state: ClaimStateParts) -> None:
         )
         if record.state == checkpoint.PREPARE_STARTED:
             state.specs.remove(record.uid)
-            state.metadata.remove(ref_of(record))
+            state.metadata.remove(ref_of(record), record)
             state.store.delete(record.uid)
             clog.warning("rolled back a preparation interrupted by a crash")
             continue

@@ -250,7 +250,7 @@ class ClaimState:
             self.sharing.release(_ref(record), sharing.recorded_targets(record, self.devices))
             self.mig.release(record)
         self._remove_spec(ref)
-        self.metadata.remove(ref)
+        self.metadata.remove(ref, record)
         self.store.delete(ref.uid)
         self.ownership.release(ref.uid)
         self.held.release(ref.uid)
@@ -272,7 +272,7 @@ class ClaimState:
                 self.mig.release(record)
             except mig_mod.MigError as exc:
                 problems.append(str(exc))
-        for remove in (self._remove_spec, self.metadata.remove):
+        for remove in (self._remove_spec, lambda r: self.metadata.remove(r, record)):
             try:
                 remove(ref)
             except claims.ClaimError as exc:  # FileProblem, MetadataError

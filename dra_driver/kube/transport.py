@@ -191,14 +191,22 @@ class Transport:
         self.connections_opened = 0
         self.sessions_resumed = 0
 
-    def request(self, method: str, path: str, *, body: bytes | None = None) -> Response:
-        """Send one request (``path`` includes the query) and read the whole response."""
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+    ) -> Response:
+        """Send one request (``path`` includes the query) and read the whole response;
+        ``content_type`` names the body's media type (e.g. a server-side apply's)."""
         head = f"{method} {self.endpoint.base_path}{path} {self._head}"
         token = self._authorization()
         if token:
             head += f"Authorization: {token}\r\n"
         if body is not None:
-            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
         data = (head + "\r\n").encode("latin-1")
         if body:
             data += body

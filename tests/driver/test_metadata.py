@@ -19,12 +19,20 @@ from .conftest import DRIVER, Node, claim_obj, new_uid
 KEP_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
 
 
-def meta_dir(node: Node, uid: str) -> Path:
-    return node.settings.plugin_dir / "claim-metadata" / uid
+def meta_root(node: Node) -> Path:
+    return node.settings.plugin_dir / "claim-metadata"
+
+
+def claim_path(node: Node, uid: str) -> Path:
+    return meta_root(node) / f"{uid}.claim.json"
+
+
+def kep_path(node: Node, uid: str, request: str = "gpu") -> Path:
+    return meta_root(node) / f"{uid}.{request}.metadata.json"
 
 
 def claim_file(node: Node, uid: str) -> dict[str, Any]:
-    return json.loads((meta_dir(node, uid) / "claim.json").read_text())  # type: ignore[no-any-return]
+    return json.loads(claim_path(node, uid).read_text())  # type: ignore[no-any-return]
 
 
 def spec(node: Node, uid: str) -> dict[str, Any]:
@@ -70,7 +78,7 @@ def test_single_gpu_file_and_its_read_only_mounts(
     }
     s = spec(node, uid)
     cdi_validator.validate(s)
-    host = str(meta_dir(node, uid) / "claim.json")
+    host = str(claim_path(node, uid))
     assert {
         "hostPath": host,
         "containerPath": f"/var/run/nvidia-dra/claims/{uid}.json",
@@ -80,7 +88,7 @@ def test_single_gpu_file_and_its_read_only_mounts(
     (device,) = s["devices"]
     (kep_mount,) = device["containerEdits"]["mounts"]
     assert kep_mount == {
-        "hostPath": str(meta_dir(node, uid) / "requests/gpu/metadata.json"),
+        "hostPath": str(kep_path(node, uid)),
         "containerPath": f"{KEP_ROOT}/resourceclaims/one/gpu/{DRIVER}-metadata.json",
         "options": ["ro", "nosuid", "nodev", "bind"],
     }
@@ -133,7 +141,7 @@ def test_mig_device_has_its_uuid_profile_and_parent(node_factory: Callable[..., 
     assert dev["mig"] == {"uuid": mig_uuid, "profile": "1g.5gb"}
     assert dev["gpus"] == [gpu_facts(node, "gpu-0")]  # the parent
     assert claim_file(node, uid)["nvlinks"] == []  # MIG devices have no NVLink
-    kep = json.loads((meta_dir(node, uid) / "requests/gpu/metadata.json").read_text())
+    kep = json.loads(kep_path(node, uid).read_text())
     attrs = kep["requests"][0]["devices"][0]["attributes"]
     assert attrs["uuid"] == {"string": mig_uuid}
     assert attrs["profile"] == {"string": "1g.5gb"}
@@ -164,28 +172,33 @@ def test_claim_from_a_template_uses_the_pod_claim_name(node: Node) -> None:
 def test_removed_on_unprepare(node: Node) -> None:
     ref = node.add(claim_obj(name="gone", uid=new_uid(), devices=["gpu-0"]))
     assert node.driver.prepare([ref])[ref.uid].error == ""
-    assert (meta_dir(node, ref.uid) / "claim.json").is_file()
+    assert claim_path(node, ref.uid).is_file() and kep_path(node, ref.uid).is_file()
     assert node.driver.unprepare([ref]) == {ref.uid: ""}
-    assert not meta_dir(node, ref.uid).exists()
+    assert list(meta_root(node).iterdir()) == []  # flat: no directory left behind either
     assert node.spec_files() == []
 
 
 def test_restored_on_recovery_and_orphans_removed(node: Node) -> None:
     uid = prepare(node, claim_obj(name="kept", uid=new_uid(), devices=["gpu-0", "gpu-1"]))
     want = claim_file(node, uid)
-    kep = meta_dir(node, uid) / "requests/gpu/metadata.json"
+    kep = kep_path(node, uid)
     kep_want = kep.read_text()
-    (meta_dir(node, uid) / "claim.json").unlink()
+    claim_path(node, uid).unlink()
     kep.write_text('{"tampered": true}\n')
-    (meta_dir(node, uid) / ".claim.json.tmp-stale").write_text("half")
-    orphan = meta_dir(node, new_uid())
-    orphan.mkdir()
-    (orphan / "claim.json").write_text("{}")
+    (meta_root(node) / f"{atomicfile.TMP_PREFIX}{uid}.claim.json.0badf00d").write_text("half")
+    stray = meta_root(node) / f"{uid}.other.metadata.json"  # carries its UID, not its record's
+    stray.write_text("{}")
+    orphan = new_uid()
+    (meta_root(node) / f"{orphan}.claim.json").write_text("{}")
+    legacy_orphan = meta_root(node) / new_uid() / "requests" / "gpu"  # an earlier version's
+    legacy_orphan.mkdir(parents=True)
+    (legacy_orphan / "metadata.json").write_text("{}")
     node.restart()
     assert claim_file(node, uid) == want
     assert kep.read_text() == kep_want
-    assert not orphan.exists()
-    assert sorted(p.name for p in meta_dir(node, uid).iterdir()) == ["claim.json", "requests"]
+    assert sorted(p.name for p in meta_root(node).iterdir()) == sorted(
+        [claim_path(node, uid).name, kep.name]
+    )
 
 
 def test_metadata_write_failure_fails_the_claim_and_leaves_nothing(
@@ -194,7 +207,7 @@ def test_metadata_write_failure_fails_the_claim_and_leaves_nothing(
     real = atomicfile.write_json
 
     def full(path: Any, obj: Any, **kwargs: Any) -> None:
-        if str(path).endswith("/metadata.json"):  # the second file: claim.json is written
+        if str(path).endswith(".metadata.json"):  # the second file: claim.json is written
             raise OSError(errno.ENOSPC, "No space left on device")
         real(path, obj, **kwargs)
 
@@ -203,5 +216,33 @@ def test_metadata_write_failure_fails_the_claim_and_leaves_nothing(
     error = node.driver.prepare([ref])[ref.uid].error
     assert "cannot write metadata file" in error and "(ENOSPC)" in error
     assert node.spec_files() == []
-    assert not meta_dir(node, ref.uid).exists()
+    assert list(meta_root(node).iterdir()) == []
     assert list(node.claims_dir.glob("*.json")) == []
+
+
+def test_a_claim_an_earlier_version_prepared_keeps_its_directory_until_unprepared(
+    node: Node,
+) -> None:
+    """Before issue 37 the files sat in a directory per claim, and the claim's spec (and its
+    record) still mounts them there: recovery restores them there, unprepare removes it all."""
+    uid = prepare(node, claim_obj(name="old", uid=new_uid(), devices=["gpu-0"]))
+    old = meta_root(node) / uid
+    old_claim, old_kep = old / "claim.json", old / "requests" / "gpu" / "metadata.json"
+    # Rewrite the record and spec as the earlier version left them (its paths in the mounts).
+    record_path = node.claims_dir / f"{uid}.json"
+    text = record_path.read_text()
+    text = text.replace(str(claim_path(node, uid)), str(old_claim))
+    text = text.replace(str(kep_path(node, uid)), str(old_kep))
+    record_path.write_text(text)
+    spec_path = node.driver.state.specs.spec_path(uid)
+    spec_path.write_text(json.dumps(json.loads(text)["cdiSpec"]))
+    want = claim_file(node, uid)
+    claim_path(node, uid).unlink()
+    kep_path(node, uid).unlink()
+    node.restart()
+    assert json.loads(old_claim.read_text()) == want
+    assert json.loads(old_kep.read_text())["requests"][0]["name"] == "gpu"
+    assert [p.name for p in meta_root(node).iterdir()] == [uid]  # no flat files for it
+    ref = node.driver.state.prepared_claims()[0]
+    assert node.driver.unprepare([ref]) == {uid: ""}
+    assert list(meta_root(node).iterdir()) == []

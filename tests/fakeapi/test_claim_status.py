@@ -187,9 +187,18 @@ def test_duplicate_keys_unknown_fields_names_and_uids(mem: memory.InMemoryApi) -
         mem.apply_resource_claim_status("team", "c", patch(entry("gpu-0")), OURS)
 
 
-def test_over_http_through_the_client(tmp_path: Path, mem: memory.InMemoryApi) -> None:
+@pytest.mark.parametrize("lean", [True, False], ids=["lean-http", "library-http"])
+def test_over_http_through_the_client(
+    tmp_path: Path, mem: memory.InMemoryApi, lean: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with fakeserver.FakeApiServer(mem) as server:
-        client = KubeClient.connect(server.write_kubeconfig(tmp_path / "kubeconfig"))
+        client = KubeClient.connect(server.write_kubeconfig(tmp_path / "kubeconfig"), lean=lean)
+        if lean:  # after every prepare and unprepare: never through the library's HTTP stack
+
+            def library(*args: Any, **kwargs: Any) -> Any:
+                raise AssertionError("the status apply went through the client library")
+
+            monkeypatch.setattr(client._client, "call_api", library)
         try:
             got = client.apply_resource_claim_status("team", "c", patch(entry("gpu-0")), OURS)
             assert [e["device"] for e in got["status"]["devices"]] == ["gpu-0"]

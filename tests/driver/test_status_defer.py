@@ -1,0 +1,67 @@
+"""Claim status writes wait for claims in progress (issue 37), but never for long.
+
+Why: each status apply costs the API server about what a claim GET does; applied in the middle
+of a burst of prepares, they made every prepare of the burst wait longer for its own GET. The
+writer now holds its writes while any prepare or unprepare of this node runs, for at most
+``max_defer_s``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from dra_driver.testing import polling
+
+from .conftest import Node, claim_obj, new_uid
+
+APPLY = "apply_resource_claim_status"
+
+
+def _applies(node: Node) -> list[str]:
+    return [c.name for c in node.api.calls if c.method == APPLY]
+
+
+def test_no_status_write_while_a_claim_is_in_progress(node: Node) -> None:
+    status = node.driver.status
+    assert status is not None
+    status.max_defer_s = 600.0  # never forced out during this test
+    ref = node.add(claim_obj(name="first", uid=new_uid(), devices=["gpu-0"]))
+    other_in_progress = status.busy()
+    other_in_progress.__enter__()  # another claim's prepare, still running
+    try:
+        assert node.driver.prepare([ref])[ref.uid].error == ""
+        # Queued, but held back: a write would have been made by now (it is due at once).
+        assert status.pending() == 1
+        time.sleep(0.3)
+        assert _applies(node) == []
+        assert status.pending() == 1
+    finally:
+        other_in_progress.__exit__(None, None, None)
+    # The last claim in progress ended: the write goes out.
+    polling.wait_for(lambda: _applies(node) == ["first"], what="the status write")
+    assert polling.poll(lambda: status.pending() == 0)
+    stored = node.api.get_resource_claim("default", "first")
+    assert [d["device"] for d in stored["status"]["devices"]] == ["gpu-0"]
+
+
+def test_a_held_write_goes_out_after_max_defer_even_when_claims_never_stop(node: Node) -> None:
+    status = node.driver.status
+    assert status is not None
+    status.max_defer_s = 0.2
+    ref = node.add(claim_obj(name="busy", uid=new_uid(), devices=["gpu-1"]))
+    stop = threading.Event()
+
+    def claims_forever() -> None:  # a node that never stops preparing
+        with status.busy():
+            stop.wait(60)
+
+    worker = threading.Thread(target=claims_forever)
+    worker.start()
+    try:
+        polling.wait_for(lambda: status._in_progress > 0, what="a claim in progress")
+        assert node.driver.prepare([ref])[ref.uid].error == ""
+        polling.wait_for(lambda: _applies(node) == ["busy"], what="the deferred status write")
+    finally:
+        stop.set()
+        worker.join()
