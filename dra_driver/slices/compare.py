@@ -54,6 +54,39 @@ def content_key(slices: Mapping[str, api.Obj]) -> str:
     return json.dumps([[n, content(obj)] for n, obj in sorted(slices.items())], sort_keys=True)
 
 
+def in_place(wanted: Mapping[str, api.Obj], actual: Mapping[str, api.Obj]) -> str | None:
+    """The one slice to update *at the pool's current generation*, or None when the change
+    needs a new generation (every slice rewritten).
+
+    A pool of several slices is rewritten slice by slice; with a new generation the scheduler
+    sees it incomplete (no device of the node usable) until the last write lands. A change
+    confined to one slice — the same slices, one generation on the server, one slice's content
+    different, with the same devices in the same order and the same counter sets (a re-rank
+    or a taint) — is complete at every instant: the scheduler reads the pool at the highest
+    generation, all slices present, with either the old or the new content of that slice, and
+    no device is in two slices or in none. A pool of one slice always gets a new generation
+    (it costs the same one write)."""
+    if len(wanted) < 2 or set(wanted) != set(actual):
+        return None
+    generations = {
+        int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+        for s in actual.values()
+    }
+    if len(generations) != 1:
+        return None
+    changed = [n for n in sorted(wanted) if content(wanted[n]) != content(actual[n])]
+    if len(changed) != 1:
+        return None
+    new, old = wanted[changed[0]].get("spec") or {}, actual[changed[0]].get("spec") or {}
+    if [d.get("name") for d in new.get("devices") or ()] != [
+        d.get("name") for d in old.get("devices") or ()
+    ]:
+        return None
+    if _canonical(new.get("sharedCounters") or []) != _canonical(old.get("sharedCounters") or []):
+        return None
+    return changed[0]
+
+
 def _canonical(value: Any, key: str = "") -> Any:
     if isinstance(value, dict):  # empty and null fields are what the server leaves out
         return {k: _canonical(v, k) for k, v in value.items() if v not in (None, [], {})}

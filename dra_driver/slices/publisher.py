@@ -6,11 +6,13 @@ controller makes the server match: create what is missing, update what differs, 
 stale (only this driver's slices on this node), recreate what someone deleted (a watch, plus a
 periodic resync), and write **nothing** when nothing changed. The pool generation is bumped once
 per change of content (a write that failed and is retried keeps the generation it chose) so the
-scheduler never mixes old and new slices. Failures are retried with capped exponential backoff
-and jitter (clock, sleep and randomness injectable for tests); a 409 re-reads and retries at
-once; each failure is logged once per backoff step, naming the slice. The watch that notices
-slices changed or deleted by someone else is the publisher's other half, in
-:mod:`.slicewatch`. ``on_pass`` / ``on_watch`` report each reconcile / watch (readiness).
+scheduler never mixes old and new slices — except a change confined to one slice of a pool of
+several (a re-rank, a taint: :func:`.compare.in_place`), written in place at the current
+generation, so the pool is never incomplete for it. Failures are retried with capped
+exponential backoff and jitter (clock, sleep and randomness injectable for tests); a 409
+re-reads and retries at once; each failure is logged once per backoff step, naming the slice.
+The watch that notices slices changed or deleted by someone else is the publisher's other half,
+in :mod:`.slicewatch`. ``on_pass`` / ``on_watch`` report each reconcile / watch (readiness).
 """
 
 from __future__ import annotations
@@ -198,7 +200,11 @@ class Publisher(slicewatch.SliceWatch):
         wanted: dict[str, api.Obj] = {}
         for obj in desired:
             name = obj["metadata"]["name"]
-            errors = validate.validate(obj)
+            current = actual.get(name)
+            compare.carry_server_fields(obj, current)
+            # what the server already stores as we want it needs no second look
+            same = current is not None and compare.content(obj) == compare.content(current)
+            errors = [] if same else validate.validate(obj)
             if errors:
                 outcome.rejected.append(name)
                 self.log.error(
@@ -207,7 +213,6 @@ class Publisher(slicewatch.SliceWatch):
                     errors=[str(e) for e in errors],
                 )
                 continue
-            compare.carry_server_fields(obj, actual.get(name))
             wanted[name] = obj
         generations = {
             int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
@@ -218,7 +223,8 @@ class Publisher(slicewatch.SliceWatch):
             and len(generations) == 1
             and all(compare.content(wanted[n]) == compare.content(actual[n]) for n in wanted)
         )
-        if content_same:
+        # unchanged, or changed in one slice of several (never an incomplete pool): same generation
+        if content_same or compare.in_place(wanted, actual) is not None:
             generation = generations.pop()
             self._pending = None
         else:
