@@ -29,7 +29,7 @@ ranks) and the time the pool spent with mixed generations (slices of differing
 ``--dynamic-mig all`` publishes dgx-h100 in 5 slices; ``--agent-tree DIR`` runs the agent from
 another source tree (an export of ``main`` for the figures before).
 
-Run: ``python benchmarks/burst_topology.py [--bursts 4] [--rate 20] [--profiles ...]``.
+Run: ``python benchmarks/burst_topology.py [--bursts 6] [--rate 20] [--profiles ...]``.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ class SliceLog:
         self.ranks: tuple[Any, ...] = ()
         self.rank_changes = 0
         self._mixed_since: float | None = None
+        self._complete = False  # whether the pool was ever complete
         self.mixed: list[float] = []  # seconds per mixed-generation window
         self._pending: list[tuple[float, frozenset[str]]] = []
         self.latencies: list[float] = []
@@ -135,6 +136,10 @@ class SliceLog:
         at_newest = sum(1 for p in pools if int(p.get("generation") or 0) == newest)
         wanted = max((int(p.get("resourceSliceCount") or 1) for p in pools), default=1)
         mixed = len(generations) > 1 or at_newest < wanted
+        if not mixed:
+            self._complete = True
+        if not self._complete:
+            return  # the first publication, slice after slice: not a re-rank
         if mixed and self._mixed_since is None:
             self._mixed_since = now
         elif not mixed and self._mixed_since is not None:
@@ -377,7 +382,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES))
     parser.add_argument("--designs", nargs="+", default=list(DESIGNS), choices=list(DESIGNS))
-    parser.add_argument("--bursts", type=int, default=4, help="bursts per profile and design")
+    parser.add_argument("--bursts", type=int, default=6, help="bursts per profile and design")
     parser.add_argument("--rate", type=float, default=20.0, help="pods allocated per second")
     parser.add_argument(
         "--delay",
