@@ -104,6 +104,11 @@ class SliceLog:
             if not gpus <= self.zero:
                 self._pending.append((when, gpus))
 
+    @property
+    def complete(self) -> bool:
+        """Whether the node's pool was ever complete (published)."""
+        return self._complete
+
     def unseen(self) -> int:
         with self._lock:
             return len(self._pending)
@@ -273,7 +278,7 @@ def run_design(
         sim = KubeletSim(agent.registry_dir)
         sim.register(DRIVER)
         kubelet = Kubelet(sim)
-        if not wait(lambda: bool(log.ranks) or design == "plain", 30):
+        if not wait(lambda: log.complete and (bool(log.ranks) or design == "plain"), 30):
             raise RuntimeError(f"{profile}/{design}: no slices published:\n{agent.log()[-3000:]}")
         empty_ranks = log.ranks
         for burst in range(args.bursts):
