@@ -9,7 +9,6 @@ generation, quantities by value, metadata only where we set it.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -42,11 +41,13 @@ def carry_server_fields(obj: api.Obj, current: api.Obj | None) -> None:
 
 
 def content(obj: api.Obj) -> Any:
-    """The spec without the pool generation, quantities compared by value."""
-    spec = copy.deepcopy(obj.get("spec") or {})
-    pool = spec.get("pool") or {}
-    pool.pop("generation", None)
-    return _canonical(spec)
+    """The spec without the pool generation, quantities compared by value (a new structure:
+    :func:`_canonical` copies as it goes, so no deep copy first)."""
+    spec = _canonical(obj.get("spec") or {})
+    pool = spec.get("pool")
+    if isinstance(pool, dict):
+        pool.pop("generation", None)
+    return spec
 
 
 def content_key(slices: Mapping[str, api.Obj]) -> str:
@@ -54,7 +55,12 @@ def content_key(slices: Mapping[str, api.Obj]) -> str:
     return json.dumps([[n, content(obj)] for n, obj in sorted(slices.items())], sort_keys=True)
 
 
-def in_place(wanted: Mapping[str, api.Obj], actual: Mapping[str, api.Obj]) -> str | None:
+def in_place(
+    wanted: Mapping[str, api.Obj],
+    actual: Mapping[str, api.Obj],
+    mine: Mapping[str, Any] | None = None,
+    theirs: Mapping[str, Any] | None = None,
+) -> str | None:
     """The one slice to update *at the pool's current generation*, or None when the change
     needs a new generation (every slice rewritten).
 
@@ -65,7 +71,8 @@ def in_place(wanted: Mapping[str, api.Obj], actual: Mapping[str, api.Obj]) -> st
     or a taint) — is complete at every instant: the scheduler reads the pool at the highest
     generation, all slices present, with either the old or the new content of that slice, and
     no device is in two slices or in none. A pool of one slice always gets a new generation
-    (it costs the same one write)."""
+    (it costs the same one write). ``mine`` / ``theirs``: the slices' :func:`content`, when
+    the caller has it already."""
     if len(wanted) < 2 or set(wanted) != set(actual):
         return None
     generations = {
@@ -74,7 +81,9 @@ def in_place(wanted: Mapping[str, api.Obj], actual: Mapping[str, api.Obj]) -> st
     }
     if len(generations) != 1:
         return None
-    changed = [n for n in sorted(wanted) if content(wanted[n]) != content(actual[n])]
+    ours = mine if mine is not None else {n: content(s) for n, s in wanted.items()}
+    stored = theirs if theirs is not None else {n: content(s) for n, s in actual.items()}
+    changed = [n for n in sorted(wanted) if ours[n] != stored[n]]
     if len(changed) != 1:
         return None
     new, old = wanted[changed[0]].get("spec") or {}, actual[changed[0]].get("spec") or {}

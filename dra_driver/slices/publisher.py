@@ -198,12 +198,16 @@ class Publisher(slicewatch.SliceWatch):
         outcome = Outcome(resource_version=list_rv)
         self._add_owner(desired)
         wanted: dict[str, api.Obj] = {}
+        # each slice's content once per pass (a 16-GPU slice's costs ~5 ms)
+        theirs = {n: compare.content(s) for n, s in actual.items()}
+        mine: dict[str, Any] = {}
         for obj in desired:
             name = obj["metadata"]["name"]
             current = actual.get(name)
             compare.carry_server_fields(obj, current)
+            mine[name] = compare.content(obj)  # the generation, set below, is not content
             # what the server already stores as we want it needs no second look
-            same = current is not None and compare.content(obj) == compare.content(current)
+            same = current is not None and mine[name] == theirs[name]
             errors = [] if same else validate.validate(obj)
             if errors:
                 outcome.rejected.append(name)
@@ -221,10 +225,10 @@ class Publisher(slicewatch.SliceWatch):
         content_same = (
             set(wanted) == set(actual)
             and len(generations) == 1
-            and all(compare.content(wanted[n]) == compare.content(actual[n]) for n in wanted)
+            and all(mine[n] == theirs[n] for n in wanted)
         )
         # unchanged, or changed in one slice of several (never an incomplete pool): same generation
-        if content_same or compare.in_place(wanted, actual) is not None:
+        if content_same or compare.in_place(wanted, actual, mine, theirs) is not None:
             generation = generations.pop()
             self._pending = None
         else:
@@ -236,7 +240,7 @@ class Publisher(slicewatch.SliceWatch):
             if current is None:
                 self._write("create", obj, outcome.created)
             elif (
-                compare.content(obj) != compare.content(current)
+                mine[name] != theirs[name]
                 or compare.pool(obj) != compare.pool(current)
                 or compare.meta(obj) != compare.meta(current)
             ):
