@@ -259,6 +259,10 @@ def run_design(
     mem.put_node(NODE, uid="uid-" + NODE)
     mem.put_namespace(NAMESPACE)
     server = fakeserver.FakeApiServer(mem).start()
+    warm = _pod("warm-up")  # the fake server builds its Pod schema validator on first use
+    warm["spec"]["nodeName"] = "elsewhere"
+    mem.objects.create(PODS, warm)
+    mem.objects.delete(PODS, "warm-up", namespace=NAMESPACE)
     extra = [*DESIGNS[design], *(["--dynamic-mig", args.dynamic_mig] if args.dynamic_mig else [])]
     agent = PluginProcess(
         base=base,
@@ -326,6 +330,8 @@ def run_design(
                     }
                 )
                 written = time.monotonic()
+                if os.environ.get("BURST_LOG"):
+                    print(f"#   {time.time():.3f} allocated {name}: {sorted(got)}", file=sys.stderr)
                 if design != "plain":
                     log.expect(written, got)
                 mem.objects.create(PODS, _pod(name))
