@@ -44,6 +44,7 @@ ClaimKey = tuple[str, str]  # (namespace, name)
 TERMINAL = ("Succeeded", "Failed")  # a finished pod's claims are released by the controller
 RETRY_S = 0.25  # a claim not readable or not allocated yet is read again after this
 RETRIES = 20  # ... this many times, then again at the next relist
+RESYNC_S = 300.0  # a fresh list (every claim read again) at least this often
 
 
 @dataclasses.dataclass(slots=True)
@@ -122,6 +123,7 @@ class AllocationWatch:
         watch_timeout_s: float = 30.0,
         backoff: Backoff | None = None,
         retry_s: float = RETRY_S,
+        resync_s: float = RESYNC_S,
     ) -> None:
         self._objects = objects
         self._get_claim = get_claim
@@ -133,6 +135,7 @@ class AllocationWatch:
         self._watch_timeout_s = watch_timeout_s
         self._backoff = backoff or Backoff()
         self._retry_s = retry_s
+        self._resync_s = resync_s
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._pods: dict[str, tuple[ClaimKey, ...]] = {}  # pod UID → the claims it names
@@ -163,10 +166,13 @@ class AllocationWatch:
     def _watch_loop(self) -> None:
         selector = f"spec.nodeName={self._node}"
         rv: str | None = None
+        listed = time.monotonic()
         while not self._stop.is_set():
             try:
-                if rv is None:
+                if rv is None or time.monotonic() - listed > self._resync_s:
+                    # a claim deleted or deallocated while its pod stays is seen here
                     items, rv = self._objects.list(PODS, field_selector=selector)
+                    listed = time.monotonic()
                     self.relists += 1
                     self._reset(items)
                 rv = self._follow(selector, rv)
@@ -298,7 +304,10 @@ class AllocationWatch:
         with self._cond:
             if key not in self._wanted():
                 return
-            if gpus is None or not uid:
+            if gpus is None or not uid:  # gone, or not (or no longer) allocated
+                stale = self._resolved.pop(key, None)
+                if stale is not None:
+                    self._release(key, stale)
                 if attempt + 1 < RETRIES:
                     self._enqueue(key, attempt + 1, self._retry_s)
                 return

@@ -244,3 +244,30 @@ def test_claims_of_reads_direct_and_generated_names_and_skips_finished_pods() ->
     assert allocwatch.claims_of(pod) == (("ns", "direct"), ("ns", "made-b"))
     pod["status"]["phase"] = "Failed"
     assert allocwatch.claims_of(pod) == ()
+
+
+def test_a_claim_deallocated_while_its_pod_stays_is_freed_at_the_next_resync(
+    mem: memory.InMemoryApi, kc: client.KubeClient
+) -> None:
+    w = allocwatch.AllocationWatch(
+        objects=ObjectClient(kc),
+        get_claim=kc.get_resource_claim,
+        node_name="n1",
+        driver_name=DRIVER,
+        gpus_of=gpus_of,
+        allocated=holdings.HeldGpus(),
+        log=logs.get("test"),
+        watch_timeout_s=0.3,
+        retry_s=0.02,
+        resync_s=0.5,
+    )
+    w.start()
+    try:
+        put_claim(mem, "quad", [result(f"gpu-{i}") for i in range(4)])
+        bind_pod(mem, "job", {"gpus": "quad"})
+        assert poll(lambda: len(held(w)) == 4)
+        mem.delete_resource_claim("team", "quad")  # the pod stays, its claim is gone
+        assert poll(lambda: held(w) == frozenset())
+        assert w.relists >= 2
+    finally:
+        w.stop()
