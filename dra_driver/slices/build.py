@@ -137,7 +137,7 @@ def _device_errors(device: Obj, node_name: str, driver_name: str, generation: in
     """The API errors of ``device`` alone in a slice, remembered by content: a re-rank rebuilds
     every device, and all but the ranked GPUs come out as they were (validating the 208 devices
     of a dgx-h100 with dynamic MIG twice took ~0.3 s of each re-rank)."""
-    key = (node_name, driver_name, json.dumps(device, sort_keys=True))
+    key = (node_name, driver_name, json.dumps(_shape(device), sort_keys=True))
     with _VERDICTS_LOCK:
         found = _VERDICTS.get(key)
         if found is not None:
@@ -150,6 +150,16 @@ def _device_errors(device: Obj, node_name: str, driver_name: str, generation: in
         while len(_VERDICTS) > VERDICTS_KEPT:
             _VERDICTS.popitem(last=False)
     return list(verdict)
+
+
+def _shape(device: Obj) -> Obj:
+    """``device`` as far as its validity goes: a rank's value (any int) never makes a device
+    valid or invalid, so re-ranked GPUs find their verdict too."""
+    attrs = device.get("attributes") or {}
+    if not any(k.startswith(gpusets.RANK_PREFIX) for k in attrs):
+        return device
+    zeroed = {k: {"int": 0} if k.startswith(gpusets.RANK_PREFIX) else v for k, v in attrs.items()}
+    return {**device, "attributes": zeroed}
 
 
 def _ranked(device: Obj) -> bool:
