@@ -26,9 +26,7 @@ logged and retried with capped exponential backoff and jitter, and a relist re-r
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -39,30 +37,13 @@ import structlog
 from dra_driver.devices import holdings
 from dra_driver.kube import api
 from dra_driver.kube.objects import PODS, ObjectApi
+from dra_driver.slices.pubtypes import Backoff
 
 ClaimKey = tuple[str, str]  # (namespace, name)
 TERMINAL = ("Succeeded", "Failed")  # a finished pod's claims are released by the controller
 RETRY_S = 0.25  # a claim not readable or not allocated yet is read again after this
 RETRIES = 20  # ... this many times, then again at the next relist
 RESYNC_S = 300.0  # a fresh list (every claim read again) at least this often
-
-
-@dataclasses.dataclass(slots=True)
-class Backoff:
-    """Capped exponential backoff with full jitter (a fleet of agents must not retry in step)."""
-
-    base_s: float = 0.5
-    cap_s: float = 30.0
-    step: int = 0
-    rng: random.Random = dataclasses.field(default_factory=random.Random)
-
-    def next_delay(self) -> float:
-        ceiling = min(self.cap_s, self.base_s * 2.0**self.step)
-        self.step += 1
-        return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
-
-    def reset(self) -> None:
-        self.step = 0
 
 
 def claims_of(pod: Mapping[str, Any]) -> tuple[ClaimKey, ...]:
@@ -133,7 +114,7 @@ class AllocationWatch:
         self.allocated = allocated
         self._log = log
         self._watch_timeout_s = watch_timeout_s
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or Backoff(initial_s=0.5, max_s=30.0)
         self._retry_s = retry_s
         self._resync_s = resync_s
         self._stop = threading.Event()

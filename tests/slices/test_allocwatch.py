@@ -18,6 +18,7 @@ from dra_driver.kube import client
 from dra_driver.kube.objectclient import ObjectClient
 from dra_driver.kube.objects import PODS
 from dra_driver.slices import allocwatch
+from dra_driver.slices.pubtypes import Backoff
 from dra_driver.testing.fakeapi import fakeserver, memory
 from dra_driver.testing.polling import poll
 
@@ -54,7 +55,7 @@ def watch(kc: client.KubeClient) -> Iterator[allocwatch.AllocationWatch]:
         allocated=holdings.HeldGpus(),
         log=logs.get("test"),
         watch_timeout_s=5.0,
-        backoff=allocwatch.Backoff(base_s=0.01, cap_s=0.05),
+        backoff=Backoff(initial_s=0.01, max_s=0.05),
         retry_s=0.02,
     )
     w.start()
