@@ -35,11 +35,12 @@ from dra_driver.driver import (
 from dra_driver.driver import driver as driver_mod
 from dra_driver.driver import mig as mig_mod
 from dra_driver.kube import api as kube
+from dra_driver.kube import objectclient
 from dra_driver.nodelabels import agent as nodelabels
 from dra_driver.nodelabels import compute as labels_compute
 from dra_driver.nodeparts import gpu_control_for, mps_daemons_for
 from dra_driver.pluginsettings import PluginSettings
-from dra_driver.slices import leader, nodepublisher, serverfeatures
+from dra_driver.slices import allocwatch, leader, nodepublisher, serverfeatures
 
 
 class Stoppable(Protocol):
@@ -168,10 +169,12 @@ def start_publisher(
     board: health.HealthBoard | None = None,
     held: holdings.HeldGpus | None = None,
     features: serverfeatures.ServerFeatures | None = None,
+    allocated: holdings.HeldGpus | None = None,
 ) -> nodepublisher.NodePublisher | None:
     """Keep this node's ResourceSlices published (unless ``settings.publish`` is off), as the
     one publishing instance of the node, with the taints of ``board``'s unhealthy GPUs and the
-    set ranks of the GPUs ``held`` leaves free, re-published whenever either changes;
+    set ranks of the GPUs ``held`` and ``allocated`` leave free, re-published whenever any
+    changes;
     ``readiness``'s ``slices_published`` follows it. ``features``: what the API server keeps
     (probed already); publishing adapts to it and to what re-probes find."""
     if not settings.publish:
@@ -193,11 +196,45 @@ def start_publisher(
         gpu_sets=settings.gpu_sets,
         held=held,
         features=features,
+        allocated=allocated,
     )
     if readiness is not None:
         readiness.set_check("slices_published", node.published)
     node.start()
     return node
+
+
+def start_allocation_watch(
+    settings: PluginSettings,
+    *,
+    api: kube.KubeApi,
+    driver: driver_mod.Driver,
+    log: structlog.typing.FilteringBoundLogger,
+) -> allocwatch.AllocationWatch | None:
+    """Watch the claims allocated on this node so the set ranks follow them (unless publishing,
+    the ranks or ``settings.watch_allocations`` are off, or ``api`` gives no Pod watch)."""
+    if not (settings.publish and settings.gpu_sets and settings.watch_allocations):
+        return None
+    try:
+        objects = objectclient.objects_for(api)
+    except ValueError as exc:
+        log.warning("cannot watch this node's pods; set ranks follow prepares only", error=str(exc))
+        return None
+    devices = driver.state.devices
+
+    def gpus_of(name: str) -> tuple[str, ...]:
+        known = devices.get(name)
+        return known.gpu_names if known is not None else ()
+
+    return allocwatch.start(
+        objects=objects,
+        get_claim=api.get_resource_claim,
+        node_name=settings.node_name,
+        driver_name=settings.driver_name,
+        gpus_of=gpus_of,
+        log=log.bind(component="allocation-watch"),
+        watch_timeout_s=settings.watch_timeout_s,
+    )
 
 
 def start_node_labels(

@@ -34,6 +34,7 @@ from dra_driver.agentparts import (
     StartupError,
     Stoppable,
     build_driver,
+    start_allocation_watch,
     start_node_labels,
     start_publisher,
 )
@@ -213,11 +214,14 @@ def run(
         else None
     )
     slice_publisher: Stoppable | None = None
+    allocations: Stoppable | None = None
     node_labels: Stoppable | None = None
     compute_domains: Stoppable | None = None
     try:
         dra.start()
         reg.start()
+        watch = start_allocation_watch(settings, api=api, driver=driver, log=log)
+        allocations = watch
         try:
             slice_publisher = start_publisher(
                 settings,
@@ -229,6 +233,7 @@ def run(
                 board=board,
                 held=held,
                 features=features,
+                allocated=watch.allocated if watch is not None else None,
             )
         except build.BuildError as exc:  # keep serving: prepared claims still need unprepare
             log.error("cannot build this node's ResourceSlices; NOT publishing", error=str(exc))
@@ -253,6 +258,8 @@ def run(
         if compute_domains is not None:
             compute_domains.stop()
         reg.stop(grace_s=1.0)
+        if allocations is not None:
+            allocations.stop()
         if slice_publisher is not None:
             slice_publisher.stop()
         if node_labels is not None:

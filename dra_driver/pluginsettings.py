@@ -53,6 +53,9 @@ class PluginSettings:
     health: healthpolicy.HealthPolicy = dataclasses.field(default_factory=healthpolicy.HealthPolicy)
     shareable: shares.Shareable = shares.NONE  # GPUs published with consumable capacity
     gpu_sets: bool = True  # set ranks on the GPU devices (--gpu-sets, docs/topology.md)
+    # Ranks follow the claims allocated on this node, not only the prepared ones: a watch of
+    # the node's Pods (--watch-allocations, docs/topology.md).
+    watch_allocations: bool = True
     mps_check_interval_s: float = 10.0  # how often dead MPS daemons are looked for (0 = never)
     mps_daemon_image: str = ""  # set: MPS control daemons run in Pods of this image (sharing.md)
     pod_namespace: str = ""  # the agent's namespace (POD_NAMESPACE): where those Pods are made

@@ -299,9 +299,20 @@ class Cluster:
         selector = f"spec.driver={DRIVER}" + (f",spec.nodeName={node}" if node else "")
         return self.list_objects("resource.k8s.io/v1", "ResourceSlice", field_selector=selector)
 
-    def devices(self, node: str) -> dict[str, dict[str, Any]]:
-        """Our devices on ``node`` by name (highest pool generation only)."""
-        slices = self.slices(node)
+    def devices(self, node: str, timeout: float = 30) -> dict[str, dict[str, Any]]:
+        """Our devices on ``node`` by name, read from a complete pool (:func:`complete_pool`:
+        what the scheduler would use), waiting up to ``timeout`` for one; {} without slices."""
+        deadline = time.monotonic() + timeout
+        while True:
+            slices = self.slices(node)
+            if not slices or complete_pool(slices):
+                break
+            if time.monotonic() > deadline:
+                seen = sorted(
+                    (s["metadata"]["name"], s["spec"]["pool"]["generation"]) for s in slices
+                )
+                raise AssertionError(f"node {node}: pool still incomplete after {timeout}s: {seen}")
+            time.sleep(0.2)
         if not slices:
             return {}
         top = max(s["spec"]["pool"]["generation"] for s in slices)
@@ -499,3 +510,12 @@ def node_with_any(nodes: dict[str, Any], profiles: Iterable[str], why: str = "")
 def fake_profiles(nodes: dict[str, Any]) -> dict[str, str]:
     """Fake profile -> its DRA node, for every profile the cluster's DRA nodes run."""
     return {k: v for k, v in nodes.items() if isinstance(v, str)}
+
+
+def complete_pool(slices: list[dict[str, Any]]) -> bool:
+    """Whether one node's slices form a complete pool: one generation, and as many slices of it
+    as its ``resourceSliceCount`` (mid-rewrite, the scheduler sees no device of the node)."""
+    pools = [s["spec"]["pool"] for s in slices]
+    generations = {int(p.get("generation") or 0) for p in pools}
+    counts = {int(p.get("resourceSliceCount") or 1) for p in pools}
+    return len(generations) == 1 and counts == {len(slices)}

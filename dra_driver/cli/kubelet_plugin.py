@@ -136,6 +136,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common.add_backend_flags(parser)
     common.add_shareable_flag(parser)
     common.add_gpu_sets_flag(parser)
+    parser.add_argument(
+        "--watch-allocations",
+        type=labelflags.parse_bool,
+        nargs="?",
+        const="true",
+        default=env_default("WATCH_ALLOCATIONS", "true"),
+        metavar="true|false",
+        help="let the set ranks follow the claims the scheduler allocates on this node, before "
+        "the kubelet prepares them: a watch of this node's Pods and a GET of the claims they "
+        "name (needs list/watch of pods; env WATCH_ALLOCATIONS; default true; "
+        "docs/topology.md)",
+    )
     health_server.add_flags(parser)
     healthflags.add_flags(parser)
     labelflags.add_flags(parser)
@@ -187,6 +199,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         node_labels_resync_s=args.node_labels_resync,
         shareable=common.shareable_from(args),
         gpu_sets=common.gpu_sets_from(args),
+        watch_allocations=args.watch_allocations,
         mps_check_interval_s=args.mps_check_interval,
         gpu_metrics_interval_s=args.gpu_metrics_interval,
         compute_domains=cdflags.settings_from(args),

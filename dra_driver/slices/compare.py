@@ -9,7 +9,6 @@ generation, quantities by value, metadata only where we set it.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -42,16 +41,59 @@ def carry_server_fields(obj: api.Obj, current: api.Obj | None) -> None:
 
 
 def content(obj: api.Obj) -> Any:
-    """The spec without the pool generation, quantities compared by value."""
-    spec = copy.deepcopy(obj.get("spec") or {})
-    pool = spec.get("pool") or {}
-    pool.pop("generation", None)
-    return _canonical(spec)
+    """The spec without the pool generation, quantities compared by value (a new structure:
+    :func:`_canonical` copies as it goes, so no deep copy first)."""
+    spec = _canonical(obj.get("spec") or {})
+    pool = spec.get("pool")
+    if isinstance(pool, dict):
+        pool.pop("generation", None)
+    return spec
 
 
 def content_key(slices: Mapping[str, api.Obj]) -> str:
     """One string for the content of a set of slices by name (equal content, equal key)."""
     return json.dumps([[n, content(obj)] for n, obj in sorted(slices.items())], sort_keys=True)
+
+
+def in_place(
+    wanted: Mapping[str, api.Obj],
+    actual: Mapping[str, api.Obj],
+    mine: Mapping[str, Any] | None = None,
+    theirs: Mapping[str, Any] | None = None,
+) -> str | None:
+    """The one slice to update *at the pool's current generation*, or None when the change
+    needs a new generation (every slice rewritten).
+
+    A pool of several slices is rewritten slice by slice; with a new generation the scheduler
+    sees it incomplete (no device of the node usable) until the last write lands. A change
+    confined to one slice — the same slices, one generation on the server, one slice's content
+    different, with the same devices in the same order and the same counter sets (a re-rank
+    or a taint) — is complete at every instant: the scheduler reads the pool at the highest
+    generation, all slices present, with either the old or the new content of that slice, and
+    no device is in two slices or in none. A pool of one slice always gets a new generation
+    (it costs the same one write). ``mine`` / ``theirs``: the slices' :func:`content`, when
+    the caller has it already."""
+    if len(wanted) < 2 or set(wanted) != set(actual):
+        return None
+    generations = {
+        int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+        for s in actual.values()
+    }
+    if len(generations) != 1:
+        return None
+    ours = mine if mine is not None else {n: content(s) for n, s in wanted.items()}
+    stored = theirs if theirs is not None else {n: content(s) for n, s in actual.items()}
+    changed = [n for n in sorted(wanted) if ours[n] != stored[n]]
+    if len(changed) != 1:
+        return None
+    new, old = wanted[changed[0]].get("spec") or {}, actual[changed[0]].get("spec") or {}
+    if [d.get("name") for d in new.get("devices") or ()] != [
+        d.get("name") for d in old.get("devices") or ()
+    ]:
+        return None
+    if _canonical(new.get("sharedCounters") or []) != _canonical(old.get("sharedCounters") or []):
+        return None
+    return changed[0]
 
 
 def _canonical(value: Any, key: str = "") -> Any:

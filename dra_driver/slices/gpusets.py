@@ -52,11 +52,14 @@ def add_ranks(
     blocked = set(taken) | {g.name for g in whole if _keeps_off(by_name[g.name])}
     blocked |= {g.name for g in gpusets.eligible(devices) if g.name not in by_name}
     ranks = gpusets.ranked(devices, taken=blocked)
+    rank_of = {  # by name: comparing Gpu objects field by field was most of a re-rank's time
+        size: {g.name: i for i, s in enumerate(chain, 1) for g in s.gpus}
+        for size, chain in ranks.items()
+    }
     for gpu in whole:
         attrs = by_name[gpu.name]["attributes"]
-        for size, chain in ranks.items():
-            rank = next((i for i, s in enumerate(chain, 1) if gpu in s.gpus), 0)
-            attrs[rank_attribute(size)] = {"int": rank}
+        for size, members in rank_of.items():
+            attrs[rank_attribute(size)] = {"int": members.get(gpu.name, 0)}
         by_name[gpu.name]["attributes"] = dict(sorted(attrs.items()))
 
 

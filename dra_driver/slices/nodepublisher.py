@@ -47,17 +47,22 @@ class NodePublisher:
         gpu_sets: bool = True,
         held: holdings.HeldGpus | None = None,
         features: serverfeatures.ServerFeatures | None = None,
+        allocated: holdings.HeldGpus | None = None,
     ) -> None:
         """Raises :class:`~dra_driver.slices.build.BuildError` when no slice can be built.
         ``grace_s``: how long publishing may fail before :meth:`published` says no;
         ``board``: GPU health, published as device taints; ``held``: the full GPUs prepared
         claims hold, left out of the set ranks (both re-published on every change);
+        ``allocated``: the full GPUs of claims allocated on this node (not prepared yet), also
+        left out of the ranks (:mod:`~dra_driver.slices.allocwatch`);
         ``features``: what the API server keeps (publishing adapts, re-probed when the
         publisher reconnects or a write comes back without fields we sent)."""
         self.metrics = metrics
         self.reconciles = health_server.Grace(grace_s)
         self.watches = health_server.Grace(grace_s, ready=True)
-        inputs = republish.current(board, held)  # the first build's; the follower goes on
+        inputs = republish.current(
+            board, held, allocated
+        )  # the first build's; the follower goes on
         kept = features.kept if features is not None else serverfeatures.ALL_KEPT
         first, first_dynamic, first_shareable = serverfeatures.publishable(
             kept, devices, dynamic_mig=dynamic_mig, shareable=shareable
@@ -76,16 +81,17 @@ class NodePublisher:
             dynamic_mig=first_dynamic,
             shareable=first_shareable,
             gpu_sets=gpu_sets,
-            taken=inputs.held.held,
+            taken=inputs.taken,
             on_reconnect=features.reconnected if features is not None else None,
             on_dropped=features.fields_dropped if features is not None else None,
         )
         self.follower: republish.Republisher | None = None
-        if board is not None or held is not None:  # the desired set follows them always
+        if board is not None or held is not None or allocated is not None:  # follow them always
             self.follower = republish.follow(
                 self.publisher,
                 board=board,
                 held=held,
+                allocated=allocated,
                 built_from=inputs,
                 devices=devices,
                 node_name=node_name,
@@ -108,7 +114,7 @@ class NodePublisher:
                 gpu_sets=gpu_sets,
                 kept=lambda: features.kept,
             )
-            features.subscribe(lambda kept: self._features_changed(board, held, rebuild))
+            features.subscribe(lambda kept: self._features_changed(board, held, allocated, rebuild))
         self.lock = leader.PublisherLock(lock_file, log=log)
 
     def start(self) -> None:
@@ -130,13 +136,14 @@ class NodePublisher:
         self,
         board: health.HealthBoard | None,
         held: holdings.HeldGpus | None,
+        allocated: holdings.HeldGpus | None,
         rebuild: Callable[[republish.Inputs], list[dict[str, Any]]],
     ) -> None:
         """What the API server keeps changed: rebuild the desired set for it."""
         if self.follower is not None:
             self.follower.refresh()
         else:
-            self.publisher.set_desired(rebuild(republish.current(board, held)))
+            self.publisher.set_desired(rebuild(republish.current(board, held, allocated)))
 
     def _passed(self, outcome: publisher.Outcome | None) -> None:
         if self.metrics is not None:

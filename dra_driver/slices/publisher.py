@@ -6,16 +6,18 @@ controller makes the server match: create what is missing, update what differs, 
 stale (only this driver's slices on this node), recreate what someone deleted (a watch, plus a
 periodic resync), and write **nothing** when nothing changed. The pool generation is bumped once
 per change of content (a write that failed and is retried keeps the generation it chose) so the
-scheduler never mixes old and new slices. Failures are retried with capped exponential backoff
-and jitter (clock, sleep and randomness injectable for tests); a 409 re-reads and retries at
-once; each failure is logged once per backoff step, naming the slice. The watch that notices
-slices changed or deleted by someone else is the publisher's other half, in
-:mod:`.slicewatch`. ``on_pass`` / ``on_watch`` report each reconcile / watch (readiness).
+scheduler never mixes old and new slices — except a change confined to one slice of a pool of
+several (a re-rank, a taint: :func:`.compare.in_place`), written in place at the current
+generation, so the pool is never incomplete for it. Failures are retried with capped
+exponential backoff and jitter (clock, sleep and randomness injectable for tests); a 409
+re-reads and retries at once; each failure is logged once per backoff step, naming the slice.
+The watch that notices slices changed or deleted by someone else is the publisher's other half,
+in :mod:`.slicewatch`. ``on_pass`` / ``on_watch`` report each reconcile / watch (readiness).
 """
 
 from __future__ import annotations
 
-import copy
+import json
 import threading
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
@@ -86,7 +88,7 @@ class Publisher(slicewatch.SliceWatch):
     def set_desired(self, slices: Iterable[api.Obj]) -> None:
         """Hand over the complete desired set (as built); reconciles soon after."""
         with self._lock:
-            self._desired = [copy.deepcopy(s) for s in slices]
+            self._desired = _copy(list(slices))
         self.synced.clear()
         self._wake.set()
 
@@ -161,7 +163,7 @@ class Publisher(slicewatch.SliceWatch):
             return Outcome()
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
-                outcome = self._pass(copy.deepcopy(desired))
+                outcome = self._pass(_copy(desired))
             except PublishError as exc:
                 if exc.cause.status != 409 or attempt == CONFLICT_RETRIES:
                     raise
@@ -196,9 +198,17 @@ class Publisher(slicewatch.SliceWatch):
         outcome = Outcome(resource_version=list_rv)
         self._add_owner(desired)
         wanted: dict[str, api.Obj] = {}
+        # each slice's content once per pass (a 16-GPU slice's costs ~5 ms)
+        theirs = {n: compare.content(s) for n, s in actual.items()}
+        mine: dict[str, Any] = {}
         for obj in desired:
             name = obj["metadata"]["name"]
-            errors = validate.validate(obj)
+            current = actual.get(name)
+            compare.carry_server_fields(obj, current)
+            mine[name] = compare.content(obj)  # the generation, set below, is not content
+            # what the server already stores as we want it needs no second look
+            same = current is not None and mine[name] == theirs[name]
+            errors = [] if same else validate.validate(obj)
             if errors:
                 outcome.rejected.append(name)
                 self.log.error(
@@ -207,7 +217,6 @@ class Publisher(slicewatch.SliceWatch):
                     errors=[str(e) for e in errors],
                 )
                 continue
-            compare.carry_server_fields(obj, actual.get(name))
             wanted[name] = obj
         generations = {
             int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
@@ -216,9 +225,10 @@ class Publisher(slicewatch.SliceWatch):
         content_same = (
             set(wanted) == set(actual)
             and len(generations) == 1
-            and all(compare.content(wanted[n]) == compare.content(actual[n]) for n in wanted)
+            and all(mine[n] == theirs[n] for n in wanted)
         )
-        if content_same:
+        # unchanged, or changed in one slice of several (never an incomplete pool): same generation
+        if content_same or compare.in_place(wanted, actual, mine, theirs) is not None:
             generation = generations.pop()
             self._pending = None
         else:
@@ -230,7 +240,7 @@ class Publisher(slicewatch.SliceWatch):
             if current is None:
                 self._write("create", obj, outcome.created)
             elif (
-                compare.content(obj) != compare.content(current)
+                mine[name] != theirs[name]
                 or compare.pool(obj) != compare.pool(current)
                 or compare.meta(obj) != compare.meta(current)
             ):
@@ -309,6 +319,13 @@ class Publisher(slicewatch.SliceWatch):
                     }
                 ],
             )
+
+
+def _copy(slices: list[api.Obj]) -> list[api.Obj]:
+    """A deep copy of JSON-shaped slices (a JSON round trip: ~3x quicker than ``deepcopy`` on
+    the 5 slices of a dynamic-MIG node, copied twice per re-rank)."""
+    copied: list[api.Obj] = json.loads(json.dumps(slices))
+    return copied
 
 
 def start_node_publisher(

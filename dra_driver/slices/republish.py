@@ -10,16 +10,23 @@ generation once per change), so all this does is rebuild the desired set from th
 and holdings and hand it over — in its own thread: the sources' subscribers must return at once,
 and a prepare must never wait for a rebuild or an API write (it only marks the change).
 
+The ranks also follow the claims the scheduler has *allocated* on this node but the kubelet has
+not prepared yet (``allocated``, fed by :mod:`dra_driver.slices.allocwatch`): a GPU is free for
+the ranks when neither a prepared claim holds it nor a live allocation names it. Prepare and the
+checkpoint stay the truth for what is held; allocations only steer the ranks.
+
 Bursts coalesce: a change of holdings waits ``settle_s`` for the rest of its burst (32 claims
-prepared at once), then one rebuild takes the newest state, and the publisher writes the newest
-desired set it has when its pass runs. Health changes are rebuilt at once (a failing GPU's taint
-is urgent). A change that alters no slice rebuilds byte-identical slices: the publisher writes
-nothing. A rebuild that raises is logged and skipped; the last good set stays published and the
-next change is rebuilt as usual.
+prepared at once), a change of allocations only ``settle_alloc_s`` (the scheduler binds one pod
+at a time and the next claim should see the new ranks soon), then one rebuild takes the newest
+state, and the publisher writes the newest desired set it has when its pass runs. Health changes
+are rebuilt at once (a failing GPU's taint is urgent). A change that alters no slice rebuilds
+byte-identical slices: the publisher writes nothing. A rebuild that raises is logged and
+skipped; the last good set stays published and the next change is rebuilt as usual.
 
 With metrics, every change (and the start) also updates the node's set-capacity gauges
 (:mod:`dra_driver.devices.setcapacity`: placeable N-GPU sets, links of the best free set) before
-the rebuild, from the same holdings and health: a fraction of a millisecond on 8 GPUs.
+the rebuild, from the same holdings, allocations and health (an allocated GPU counts as
+held): a fraction of a millisecond on 8 GPUs.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from dra_driver.slices import build, serverfeatures, shares, taints
 
 Obj = dict[str, Any]
 SETTLE_S = 0.1  # how long a change of holdings waits for the rest of its burst
+SETTLE_ALLOC_S = 0.01  # how long a change of allocations waits (p99 bound: docs/topology.md)
 NO_HEALTH = health.Snapshot(version=0, unhealthy=MappingProxyType({}))
 NO_HOLDINGS = holdings.Snapshot(version=0, held=frozenset())
 
@@ -54,23 +62,34 @@ class Inputs:
 
     health: health.Snapshot = NO_HEALTH
     held: holdings.Snapshot = NO_HOLDINGS
+    allocated: holdings.Snapshot = NO_HOLDINGS  # GPUs of claims allocated here, not prepared
 
     @property
-    def versions(self) -> tuple[int, int]:
-        return self.health.version, self.held.version
+    def versions(self) -> tuple[int, int, int]:
+        return self.health.version, self.held.version, self.allocated.version
+
+    @property
+    def taken(self) -> frozenset[str]:
+        """The full GPUs left out of the set ranks: held by a prepared claim or allocated."""
+        return self.held.held | self.allocated.held
 
 
-def current(board: health.HealthBoard | None, held: holdings.HeldGpus | None) -> Inputs:
+def current(
+    board: health.HealthBoard | None,
+    held: holdings.HeldGpus | None,
+    allocated: holdings.HeldGpus | None = None,
+) -> Inputs:
     """The sources' state now (a missing source: nothing unhealthy, nothing held)."""
     return Inputs(
         health=board.snapshot() if board is not None else NO_HEALTH,
         held=held.snapshot() if held is not None else NO_HOLDINGS,
+        allocated=allocated.snapshot() if allocated is not None else NO_HOLDINGS,
     )
 
 
 class Republisher:
-    """Follows ``board`` and ``held``; on each change hands ``rebuild(inputs)`` to
-    ``publisher``. :meth:`stop` stops following, then the publisher."""
+    """Follows ``board``, ``held`` and ``allocated``; on each change hands ``rebuild(inputs)``
+    to ``publisher``. :meth:`stop` stops following, then the publisher."""
 
     def __init__(
         self,
@@ -81,7 +100,9 @@ class Republisher:
         built_from: Inputs,
         board: health.HealthBoard | None = None,
         held: holdings.HeldGpus | None = None,
+        allocated: holdings.HeldGpus | None = None,
         settle_s: float = SETTLE_S,
+        settle_alloc_s: float = SETTLE_ALLOC_S,
         metrics: metrics_mod.DriverMetrics | None = None,
         observe: Callable[[Inputs], None] | None = None,
     ) -> None:
@@ -92,10 +113,12 @@ class Republisher:
         self._rebuild = rebuild
         self._board = board
         self._held = held
+        self._allocated = allocated
         self._log = log
         self._built = built_from
         self._last: list[Obj] | None = None  # the set last handed over, once known
         self._settle_s = settle_s
+        self._settle_alloc_s = settle_alloc_s
         self._metrics = metrics
         self._observe = observe
         self._wake = threading.Event()
@@ -106,11 +129,11 @@ class Republisher:
         self.rebuilds = 0  # rebuilds handed to the publisher (tests)
 
     def start(self) -> None:
-        for source in (self._board, self._held):
+        for source in (self._board, self._held, self._allocated):
             if source is not None:
                 self._unsubscribe.append(source.subscribe(lambda snap: self._wake.set()))
-        self._observed(current(self._board, self._held))
-        if current(self._board, self._held).versions != self._built.versions:
+        self._observed(self._now())
+        if self._now().versions != self._built.versions:
             self._wake.set()
         self._thread.start()
 
@@ -133,20 +156,28 @@ class Republisher:
             self._wake.wait()
             if self._stop.is_set():
                 return
-            health_now = self._board.snapshot().version if self._board is not None else 0
-            if health_now == self._built.health.version and not self._forced:
-                self._stop.wait(self._settle_s)  # holdings only: one rebuild for the burst
+            seen = self._now()
+            if seen.health.version == self._built.health.version and not self._forced:
+                # holdings or allocations only: one rebuild for the burst
+                prepared = seen.held.version != self._built.held.version
+                self._stop.wait(self._settle_s if prepared else self._settle_alloc_s)
                 if self._stop.is_set():
                     return
             self._wake.clear()
             forced, self._forced = self._forced, False
-            now = current(self._board, self._held)
+            now = self._now()
             if now.versions != self._built.versions or forced:
                 self._republish(now)
 
+    def _now(self) -> Inputs:
+        return current(self._board, self._held, self._allocated)
+
     def _republish(self, now: Inputs) -> None:
         health_changed = now.health.version != self._built.health.version
-        held_changed = now.held.version != self._built.held.version
+        held_changed = (
+            now.held.version != self._built.held.version
+            or now.allocated.version != self._built.allocated.version
+        )
         self._observed(now)
         if held_changed and self._last is None:
             self._last = self._baseline()
@@ -167,11 +198,18 @@ class Republisher:
                 unhealthy=sorted(now.health.unhealthy),
             )
         if held_changed and slices != self._last:
-            self._log.info(
-                "GPUs held by prepared claims changed; re-publishing ResourceSlices",
-                held_version=now.held.version,
-                held=sorted(now.held.held, key=_natural),
-            )
+            if now.held.version != self._built.held.version:
+                self._log.info(
+                    "GPUs held by prepared claims changed; re-publishing ResourceSlices",
+                    held_version=now.held.version,
+                    held=sorted(now.held.held, key=_natural),
+                )
+            else:
+                self._log.info(
+                    "GPUs of claims allocated on this node changed; re-publishing ResourceSlices",
+                    allocated_version=now.allocated.version,
+                    allocated=sorted(now.allocated.held, key=_natural),
+                )
         if self._metrics is not None:
             self._metrics.slices_rebuilt(
                 health=health_changed, claims=held_changed, held_gpus=len(now.held.held)
@@ -226,7 +264,7 @@ def rebuilder(
             dynamic_mig=dynamic,
             shareable=shared,
             gpu_sets=gpu_sets,
-            taken=inputs.held.held,
+            taken=inputs.taken,
         ).slices
 
     return rebuild
@@ -242,6 +280,7 @@ def follow(
     log: structlog.typing.FilteringBoundLogger,
     board: health.HealthBoard | None = None,
     held: holdings.HeldGpus | None = None,
+    allocated: holdings.HeldGpus | None = None,
     dynamic_mig: migprofiles.DynamicMig = migprofiles.STATIC,
     shareable: shares.Shareable = shares.NONE,
     gpu_sets: bool = True,
@@ -250,8 +289,8 @@ def follow(
     kept: Callable[[], serverfeatures.Kept] | None = None,
 ) -> Republisher:
     """Start re-publishing ``devices``' slices with the taints of ``board`` and the set ranks of
-    the GPUs ``held`` leaves free, on every change of either (``shareable`` GPUs stay
-    published with their consumable capacity)."""
+    the GPUs ``held`` and ``allocated`` leave free, on every change of any (``shareable`` GPUs
+    stay published with their consumable capacity)."""
     follower = Republisher(
         publisher=publisher,
         rebuild=rebuilder(
@@ -266,6 +305,7 @@ def follow(
         ),
         board=board,
         held=held,
+        allocated=allocated,
         log=log,
         built_from=built_from,
         settle_s=settle_s,
@@ -289,7 +329,7 @@ def gauges(
         metrics.set_capacity(
             setcapacity.of(
                 devices,
-                held=inputs.held.held,
+                held=inputs.taken,
                 unhealthy_uuids=inputs.health.unhealthy.keys(),
                 empty=empty[0],
             )

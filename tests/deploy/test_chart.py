@@ -285,12 +285,28 @@ def test_rbac_is_exactly_what_the_agent_calls(rc: ModuleType) -> None:
         ("resource.k8s.io", "resourceclaims/driver"): ["associated-node:patch"],
         ("resource.k8s.io", "resourceslices"): ["create", "delete", "list", "update", "watch"],
         ("", "nodes"): ["get", "patch"],  # patch: the Node's GPU labels
+        ("", "pods"): ["list", "watch"],  # the Pods bound to its node: ranks follow allocations
     }
     (granular,) = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
     assert granular["resourceNames"] == ["gpu.nvidia.com"]  # only our driver's entries
     (role,) = objects(rc, {"nodeLabels": {"enabled": False}}, "ClusterRole")
     assert _rules(role)[("", "nodes")] == ["get"]
     assert objects(rc, {"kubeletPlugin": {"enabled": False}}, "ClusterRole") == []
+
+
+@pytest.mark.parametrize(
+    "values", [{"watchAllocations": False}, {"gpuSets": False}], ids=["watch-off", "ranks-off"]
+)
+def test_no_pod_access_when_ranks_do_not_follow_allocations(
+    rc: ModuleType, values: dict[str, Any]
+) -> None:
+    (role,) = objects(rc, {"kubeletPlugin": values}, "ClusterRole")
+    assert ("", "pods") not in _rules(role)
+    (ds,) = objects(rc, {"kubeletPlugin": values}, "DaemonSet")
+    if "watchAllocations" in values:
+        assert env_of(ds)["WATCH_ALLOCATIONS"] == "false"
+    else:
+        assert "WATCH_ALLOCATIONS" not in env_of(ds)
 
 
 def test_the_device_plugin_may_only_get_and_patch_nodes(rc: ModuleType) -> None:

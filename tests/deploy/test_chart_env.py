@@ -95,7 +95,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "kubelet-plugin-address": {
         **_COMMON,
         "metrics": {"port": 9400, "address": "::"},
-        "kubeletPlugin": {**_PATHS, "publishGraceSeconds": 45.5},
+        "kubeletPlugin": {**_PATHS, "publishGraceSeconds": 45.5, "watchAllocations": False},
     },
     "kubelet-plugin-no-node-labels": {
         **_COMMON,
@@ -135,6 +135,7 @@ def test_every_chart_variable_sets_a_flag(
         "METRICS_ADDRESS",
         "NODE_LABELS",
         "GPU_SETS",
+        "WATCH_ALLOCATIONS",
     ):
         monkeypatch.delenv(key, raising=False)
     (ds,) = [m.obj for m in rc.render(VALUE_SETS[name]) if m.obj["kind"] == "DaemonSet"]

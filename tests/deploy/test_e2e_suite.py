@@ -226,3 +226,25 @@ def test_scripts_are_executable_bash(script: str) -> None:
     assert os.access(path, os.X_OK), f"{path} is not executable"
     result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_e2e_helpers_read_devices_only_from_a_complete_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Cluster.devices()`` waits for one generation across ``resourceSliceCount`` slices
+    (a half-written pool failed 6 of 18 e2e tests with GPUs read as missing)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("e2e_cluster", E2E / "cluster.py")
+    assert spec is not None and spec.loader is not None
+    cluster = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "e2e_cluster", cluster)  # its dataclasses look it up
+    spec.loader.exec_module(cluster)
+
+    def sl(generation: int, count: int) -> dict[str, object]:
+        return {"spec": {"pool": {"generation": generation, "resourceSliceCount": count}}}
+
+    assert cluster.complete_pool([sl(3, 2), sl(3, 2)])
+    assert not cluster.complete_pool([sl(3, 2), sl(4, 2)])  # mid-rewrite
+    assert not cluster.complete_pool([sl(4, 2)])  # the second slice of generation 4 not yet there
+    assert not cluster.complete_pool([sl(4, 1), sl(4, 1)])  # a stale slice left over

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dra_driver.kube.objects import PODS
 from dra_driver.testing.fakeapi import fakeserver
 from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
@@ -90,3 +91,69 @@ def _passed(proc: PluginProcess) -> bool:
     """Whether the publisher's first pass is done (it writes nothing: nothing changed)."""
     status, body = proc.http_get("/metrics")
     return status == 200 and 'dra_driver_resourceslice_publish_total{result="success"} 1.0' in body
+
+
+ALLOC_EVENT = "GPUs of claims allocated on this node changed; re-publishing ResourceSlices"
+
+
+def bind_pod(apiserver: fakeserver.FakeApiServer, name: str, claim: str) -> None:
+    apiserver.api.objects.create(
+        PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "team"},
+            "spec": {
+                "nodeName": "n1",
+                "containers": [{"name": "c", "image": "busybox"}],
+                "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
+            },
+        },
+    )
+
+
+def test_ranks_follow_an_allocation_before_any_prepare_and_free_it_when_the_pod_goes(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    apiserver.api.put_node("n1", uid="uid-n1")
+    free = {**{g: 1 for g in QUAD}, **{f"gpu-{i}": 2 for i in range(4, 8)}}
+    taken = {**{g: 0 for g in QUAD}, **{f"gpu-{i}": 1 for i in range(4, 8)}}
+    proc = agent(short_dir, apiserver)
+    try:
+        wait_for(lambda: rank4(apiserver) == free)
+        put_claim(apiserver, "quad", QUAD)
+        bind_pod(apiserver, "job", "quad")  # the scheduler allocated, then bound: no prepare
+        wait_for(lambda: rank4(apiserver) == taken)
+        apiserver.api.objects.delete(PODS, "job", namespace="team")  # deleted before it started
+        wait_for(lambda: rank4(apiserver) == free)
+        proc.signal(signal.SIGTERM)
+        assert proc.wait() == 0
+        lines = [json.loads(x) for x in proc.log().splitlines() if x.startswith("{")]
+        assert [x["allocated"] for x in lines if x["event"] == ALLOC_EVENT] == [QUAD, []]
+        assert not [x for x in lines if x["event"] == HELD_EVENT]
+    finally:
+        proc.kill()
+
+
+def test_with_the_watch_off_ranks_follow_prepares_only(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    apiserver.api.put_node("n1", uid="uid-n1")
+    free = {**{g: 1 for g in QUAD}, **{f"gpu-{i}": 2 for i in range(4, 8)}}
+    proc = PluginProcess(
+        base=short_dir,
+        kubeconfig=apiserver.write_kubeconfig(short_dir / "kubeconfig"),
+        publish=True,
+        extra=["--watch-allocations=false"],
+    )
+    proc.start()
+    proc.wait_ready()
+    try:
+        wait_for(lambda: rank4(apiserver) == free)
+        put_claim(apiserver, "quad", QUAD)
+        bind_pod(apiserver, "job", "quad")
+        time.sleep(1.0)  # what the watch would have taken (it takes < 0.3 s)
+        assert rank4(apiserver) == free
+        assert not [c for c in apiserver.api.calls if c.method in ("list_pods", "watch_pods")]
+    finally:
+        proc.kill()

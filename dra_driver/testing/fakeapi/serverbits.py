@@ -11,7 +11,9 @@ any one fake. Pure functions, no client library.
 from __future__ import annotations
 
 import datetime
+import functools
 import random
+import re
 from collections.abc import Callable, Container
 from typing import Any
 
@@ -113,12 +115,41 @@ def schema_errors(kind: objects.Kind, obj: api.Obj, validator: Validator | None)
     if kind.group.endswith(".nvidia.com"):
         return []  # a custom kind without a registered schema: accepted as is
     try:
+        import jsonschema
         import kubernetes_validate  # the strict 1.36 schemas (a dev dependency: test kit)
     except ImportError:  # pragma: no cover - the kit runs with the dev dependencies
         return []
     try:
-        kubernetes_validate.validate(obj, _SCHEMA_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
+        check = _schema_validator(str(obj.get("apiVersion") or ""), str(obj.get("kind") or ""))
+    except (FileNotFoundError, LookupError):  # no such schema: the library says which
+        check = None
+    try:
+        if check is not None:
+            check.validate(obj)
+        else:
+            kubernetes_validate.validate(obj, _SCHEMA_VERSION, strict=True)
+    except jsonschema.ValidationError as exc:
         where = ".".join(str(p) for p in exc.path) or "<root>"
         return [f"{where}: {exc.message}"]
     return []
+
+
+@functools.lru_cache(maxsize=64)
+def _schema_validator(api_version: str, kind: str) -> Any:
+    """The strict schema validator of one kind, built once: ``kubernetes_validate.validate``
+    builds it (schema files, reference registry) on every call, ~20 ms for a Pod, which under
+    the store's lock would slow every other request of the fake server as much."""
+    import jsonschema
+    import referencing
+    from kubernetes_validate import utils
+
+    wanted = utils.major_minor(_SCHEMA_VERSION)
+    version = [v for v in utils.all_versions() if utils.major_minor(v) <= wanted][-1]
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    folder = f"kubernetes-json-schema/v{version}-local-strict"
+    schema = utils.schema_contents(f"{folder}/{kind.lower()}-{group}.json", _SCHEMA_VERSION)
+    definitions = utils.schema_contents(f"{folder}/_definitions.json", _SCHEMA_VERSION)
+    registry = referencing.Resource.from_contents(definitions) @ (
+        referencing.Resource.from_contents(schema) @ referencing.Registry()
+    )
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
