@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         return common.fail(str(exc))
     try:
         try:
+            for probe_slice in features.probe_slices(args.node_name, args.driver_name):
+                validate.check(probe_slice)
             found = features.probe(kube, args.node_name, args.driver_name)
         except features.ProbeError as exc:
             return common.fail(str(exc))
