@@ -16,8 +16,8 @@ SUBCOMMANDS = {
     "slices": ["--node-name", "n1", "--fake", "dgx-h100"],
     "publish": ["--node-name", "n1", "--fake", "dgx-h100"],
     "controller": ["--namespace", "ns"],
-    "kubelet-plugin": ["--node-name", "n1", "--fake", "dgx-h100"],
-    "device-plugin": ["--node-name", "n1", "--fake", "dgx-h100"],
+    "kubelet-plugin": ["--node-name", "n1", "--fake", "dgx-h100", "--metrics-port", "0"],
+    "device-plugin": ["--node-name", "n1", "--fake", "dgx-h100", "--metrics-port", "0"],
 }
 
 
