@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from dra_driver import cdagent as compute_domains_agent
 from dra_driver import gpumetrics, health_server, logs, nodehealth
 from dra_driver import metrics as metrics_mod
 from dra_driver.agentparts import (
@@ -38,7 +39,6 @@ from dra_driver.agentparts import (
     start_node_labels,
     start_publisher,
 )
-from dra_driver.computedomain import agent as compute_domains_agent
 from dra_driver.devices import backend as devices_backend
 from dra_driver.devices import (
     health,

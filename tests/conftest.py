@@ -1,6 +1,7 @@
-"""Fixtures every test package may use (the shared reference data, an in-memory API), and the
-rule for tests that need ``../shared/reference``: skipped with one reason line naming them when
-it is absent, an error when it is absent under ``CI=true`` (see ``tests/refdata.py``)."""
+"""Fixtures every test package may use (the shared reference data, an in-memory API), the rule
+for tests that need ``../shared/reference`` (skipped with one short reason when it is absent, an
+error when it is absent under ``CI=true``; see ``tests/refdata.py``), and the end-of-run summary
+of skips: one line per reason with its count (``-v`` adds which tests)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import logcheck
 import pytest
 import refdata
+import skipsummary
 
 from dra_driver.testing.fakeapi import memory
 
@@ -37,15 +39,6 @@ def _fixture_tests(items: list[pytest.Item]) -> list[pytest.Item]:
     ]
 
 
-def _names(items: list[pytest.Item]) -> str:
-    """``file::{test_a,test_b}`` per file, parameters folded: the skipped tests, named."""
-    by_file: dict[str, dict[str, None]] = {}
-    for item in items:
-        file, _, name = item.nodeid.partition("::")
-        by_file.setdefault(file, {})[name.split("[", 1)[0]] = None
-    return "; ".join(f"{file}::{{{','.join(names)}}}" for file, names in by_file.items())
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if refdata.available():
@@ -54,8 +47,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not needing:
         return
     reason = (
-        f"{len(needing)} fixture tests need ../shared/reference, absent at {REFERENCE}"
-        f"{' (CI=true requires it)' if refdata.required() else ''}: {_names(needing)}"
+        f"fixture tests: ../shared/reference not found at {REFERENCE}"
+        f"{' (CI=true requires it)' if refdata.required() else ''}"
     )
     for item in needing:
         item.stash[_MISSING] = reason
@@ -68,7 +61,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     if refdata.required():
         pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)  # one call site and one reason: `-ra` prints a single summary line
+    pytest.skip(reason)  # one reason for all: the summary below counts them on one line
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    skipped = terminalreporter.stats.get("skipped", [])
+    if skipped:
+        terminalreporter.write_sep("=", "skipped, by reason")
+        for line in skipsummary.lines(skipped, verbose=config.get_verbosity() > 0):
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)

@@ -5,8 +5,8 @@ OpenAPI document and the CDI schema live beside the repository, not in it. CI ha
 ``CI=true`` makes their absence a failure); a plain ``git clone`` does not, and its ``make test``
 must still pass. A test that reads this data carries ``@pytest.mark.reference`` (or uses the
 ``reference_dir`` / ``cdi_validator`` fixtures); ``tests/conftest.py`` skips exactly those, with
-one reason line naming them, when the folder is absent. Data is loaded lazily (never at import),
-so a missing folder cannot break collection.
+one short reason counted on one summary line, when the folder is absent. Data is loaded lazily
+(never at import), so a missing folder cannot break collection.
 """
 
 from __future__ import annotations

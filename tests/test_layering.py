@@ -4,7 +4,10 @@ even through one of our own modules; the allocation layer imports neither gRPC n
 and reaches protobuf only through its CEL engine (cel-expr-python's values are protobuf
 messages). Two checks: the static import graph of our sources (every ``import``, also inside
 functions, followed through our own modules, the chain shown on failure), and what importing
-each layer really loads in a fresh interpreter."""
+each layer really loads in a fresh interpreter. And the folders' imports run one way: no folder
+(package directory) imports a folder that imports it back, at the first level under
+``dra_driver/`` and for every nested folder; a module directly in ``dra_driver/`` counts as a
+folder of its own."""
 
 from __future__ import annotations
 
@@ -263,3 +266,71 @@ def test_cycle_rule_catches_a_cycle() -> None:
     assert added in cycles(graph)
     assert added not in cycles(import_graph())
     assert cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+
+
+# ---------------------------------------------------------------------- folders, one way
+def folder_of(module: str, *, top: bool) -> str:
+    """The folder (package directory) ``module`` lives in; with ``top`` the first-level folder
+    under ``dra_driver/`` (``devices/fake/`` counts as ``devices/``). A module directly in
+    ``dra_driver/`` (the composition roots: ``app``, ``pluginsettings``, ...) stands alone."""
+    parts = module.split(".")
+    package = parts if sources()[module].name == "__init__.py" else parts[:-1]
+    if len(package) == 1:
+        return module
+    return ".".join(package[:2] if top else package)
+
+
+def folder_cycles(graph: dict[str, list[str]], *, top: bool) -> list[str]:
+    """Each group of folders that import each other, with the module imports that do it."""
+    edges: dict[str, dict[str, list[str]]] = {}
+    for module, targets in graph.items():
+        here = folder_of(module, top=top)
+        for target in targets:
+            there = folder_of(target, top=top)
+            if there != here:
+                edges.setdefault(here, {}).setdefault(there, []).append(f"{module} -> {target}")
+    folders = {f: sorted(t) for f, t in edges.items()}
+    found = []
+    for component in cycles(folders):
+        inside = [
+            line
+            for here in component
+            for there, lines in sorted(edges.get(here, {}).items())
+            if there in component
+            for line in sorted(lines)
+        ]
+        found.append(" <-> ".join(component) + ":\n  " + "\n  ".join(inside))
+    return found
+
+
+@pytest.mark.parametrize("top", [True, False], ids=["first-level-folders", "every-folder"])
+def test_no_folder_imports_a_folder_that_imports_it_back(top: bool) -> None:
+    found = folder_cycles(import_graph(), top=top)
+    assert found == [], (
+        "folders that import each other (each folder's imports must run one way, "
+        "docs/architecture.md):\n" + "\n".join(found)
+    )
+
+
+def test_folder_rule_catches_a_back_import() -> None:
+    graph = import_graph()
+    assert "dra_driver.kube.api" in graph["dra_driver.slices.publisher"]  # slices -> kube
+    graph["dra_driver.kube.features"] = [
+        *graph["dra_driver.kube.features"],
+        "dra_driver.slices.validate",
+    ]
+    (found,) = folder_cycles(graph, top=True)
+    assert found.startswith("dra_driver.kube <-> dra_driver.slices:\n")
+    assert "  dra_driver.kube.features -> dra_driver.slices.validate\n" in found
+    assert "  dra_driver.slices.publisher -> dra_driver.kube.api" in found
+    # Root modules stand alone: app importing everything is no cycle; a root module and a
+    # folder importing each other is.
+    graph = import_graph()
+    graph["dra_driver.computedomain.monitor"] = [
+        *graph["dra_driver.computedomain.monitor"],
+        "dra_driver.pluginsettings",
+    ]
+    assert folder_cycles(import_graph(), top=False) == []
+    assert [f.split(":")[0] for f in folder_cycles(graph, top=False)] == [
+        "dra_driver.computedomain <-> dra_driver.pluginsettings"
+    ]

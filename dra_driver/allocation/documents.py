@@ -16,6 +16,9 @@ from typing import Any
 import yaml
 
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
+# The API versions whose claims, classes and slices we read: v1beta2 has v1's fields exactly
+# (v1 was promoted from it unchanged); v1beta1 and v1alpha3 have another request layout.
+SUPPORTED_VERSIONS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2")
 IGNORED_KINDS = ("Pod", "Deployment", "Job", "Namespace")
 
 
@@ -70,6 +73,14 @@ def split_kinds(docs: Iterable[dict[str, Any]], *, source: str) -> dict[str, lis
     out: dict[str, list[dict[str, Any]]] = {"claims": [], "classes": [], "slices": []}
     for i, doc in enumerate(docs):
         kind = doc.get("kind")
+        version = doc.get("apiVersion")
+        ours = kind in (*CLAIM_KINDS, "DeviceClass", "ResourceSlice")
+        if ours and version is not None and version not in SUPPORTED_VERSIONS:
+            name = (doc.get("metadata") or {}).get("name") or f"object {i + 1}"
+            raise SimulateError(
+                f"{source}: {kind} {name} is {version}, which this simulator does not "
+                f"read; supported: {', '.join(SUPPORTED_VERSIONS)}"
+            )
         if kind in CLAIM_KINDS:
             out["claims"].append(doc)
         elif kind == "DeviceClass":

@@ -193,10 +193,14 @@ def _constraint_lines(
         names = ", ".join(a.name for a in covered)
         best = [str(k[1]) for k, v in groups.items() if len(v) == largest]
         label = "value" if len(best) == 1 else "values"
+        why = (
+            f"largest group: {largest}, {label} {', '.join(best)}"
+            if groups
+            else "no usable device has the attribute"
+        )
         lines.append(
             f"constraint {con.index} (matchAttribute over {names}): no "
-            f"{needed} devices share {con.attribute} (largest group: {largest}, "
-            f"{label} {', '.join(best)})"
+            f"{needed} devices share {con.attribute} ({why})"
         )
         if missing:
             lines.append(f"  {', '.join(dict.fromkeys(missing))}: has no {con.attribute}")

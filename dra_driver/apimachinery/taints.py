@@ -3,7 +3,7 @@
 Why it exists: two places must agree on it exactly — the allocation simulator (a tainted device
 is not a candidate for a request that does not tolerate it, as in the scheduler) and the kubelet
 plugin's prepare (a claim allocated onto a device that became tainted is refused unless its
-request tolerates the taint). Rules (``DeviceToleration``, contracts.md §5.2): an empty key with
+request tolerates the taint). Rules (``DeviceToleration``, docs/api-limits.md): an empty key with
 ``Exists`` matches every key; ``Exists`` ignores the value, ``Equal`` (the default) compares it;
 an empty effect matches every effect. Only ``NoSchedule`` and ``NoExecute`` taints keep a device
 from being allocated or prepared; ``None`` (and any unknown effect) is informational.

@@ -49,6 +49,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dra-driver",
         description="Kubernetes DRA driver for NVIDIA GPUs (topology-aware).",
+        epilog="Exit code 2 with one line on stderr: the command cannot run (bad flags, an "
+        "input file or kubeconfig it cannot use, an API server it cannot reach); each "
+        "subcommand's --help lists its other codes.",
     )
     parser.add_argument("--version", action="version", version=f"dra-driver {__version__}")
     parser.add_argument(

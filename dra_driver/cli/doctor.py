@@ -9,7 +9,8 @@ our optional fields it keeps or drops and what that means for this driver, and t
 credentials have. Run it in the agent's pod to see the agent's own service account.
 
 Exit codes: 0 when the driver can work (whatever it dropped); 1 when it cannot at all
-(``resource.k8s.io/v1`` not served); 2 when the server cannot be reached (one line on stderr).
+(``resource.k8s.io/v1`` not served); 2 when it cannot run: a kubeconfig it cannot load, a server it
+cannot reach or that is not a Kubernetes API server (one line on stderr).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Check what the API server serves and keeps of this driver's "
         "ResourceSlices (a dry-run create: nothing is stored) and the RBAC the credentials "
         "have. Exit 0: the driver can work; 1: it cannot (resource.k8s.io/v1 not served); "
-        "2: the server cannot be reached.",
+        "2: it cannot run (a kubeconfig it cannot load, a server it cannot reach or that is "
+        "not a Kubernetes API server; one line on stderr).",
     )
     common.add_kubeconfig(parser)
     parser.add_argument(
@@ -81,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         return common.fail(str(exc))
     try:
         try:
+            for probe_slice in features.probe_slices(args.node_name, args.driver_name):
+                validate.check(probe_slice)
             found = features.probe(kube, args.node_name, args.driver_name)
         except features.ProbeError as exc:
             return common.fail(str(exc))

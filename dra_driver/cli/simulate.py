@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 from pathlib import Path
 
 from dra_driver import cli
-from dra_driver.allocation import capacity, simulator
+from dra_driver.allocation import allocatedcheck, capacity, simulator
 from dra_driver.cli import common
 from dra_driver.devices import backend, model
 from dra_driver.devices.fake import profiles
@@ -75,8 +76,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=Path,
         action="append",
         default=[],
-        help="claims (with status.allocation) or allocation results "
-        "whose devices are in use (repeatable)",
+        help="devices in use (repeatable): " + allocatedcheck.FORMAT + "; an entry that "
+        "matches no device of the slices is a warning, no match at all an error (exit 2)",
     )
     parser.add_argument(
         "--shareable",
@@ -131,9 +132,14 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
     )
     allocated: set[tuple[str, str, str]] = set()
     consumed = capacity.Ledger()
+    entries: dict[str, list[tuple[str, str, str]]] = {}
     for path in args.allocated:
         docs = simulator.load_file(path)
         allocated |= simulator.allocated_from(docs, source=str(path))
+        try:
+            entries[str(path)] = allocatedcheck.entries(docs, source=str(path))
+        except allocatedcheck.AllocatedError as err:
+            raise simulator.SimulateError(str(err)) from err
         for device, used in simulator.consumed_from(docs, source=str(path)).used.items():
             consumed.add(device, used)
 
@@ -169,6 +175,11 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
                 "the ResourceSlices are for several nodes (or none "
                 "names one); choose one with --node-name"
             )
+    try:
+        for warning in allocatedcheck.check(entries, slices):
+            print(f"dra-driver: warning: {warning}", file=sys.stderr)
+    except allocatedcheck.AllocatedError as err:
+        raise simulator.SimulateError(str(err)) from err
     return simulator.Inputs(
         claims=main["claims"],
         classes=classes,

@@ -15,7 +15,8 @@ serves the same API so users' manifests apply unchanged:
   :mod:`.nodedriver` (prepare / unprepare), :mod:`.membership` (the node's status entry and
   label), :mod:`.nodestate` (its checkpoint), :mod:`.cdspecs` (CDI), :mod:`.imexconfig` (the IMEX
   daemon's files), :mod:`.monitor` (nodes config and readiness), :mod:`.cdslices` (the channel
-  and daemon devices), :mod:`.settings` and :mod:`.agent` (the wiring);
+  and daemon devices), :mod:`.settings` (its settings; the wiring into the node agent is
+  :mod:`dra_driver.cdagent`, a composition root above this package);
 - :mod:`.imexdaemon` — what the daemon pods run on real nodes (``dra-driver imex-daemon``):
   NVIDIA's ``nvidia-imex`` supervised, its readiness from ``nvidia-imex-ctl -q``.
 

@@ -39,7 +39,7 @@ MANAGED_BY = "dra-driver-controller"
 FAKE_IMEX_COMMAND = (
     "python",
     "-m",
-    "dra_driver.devices.fake.fakeimex",
+    "dra_driver.computedomain.fakeimex",
     "--config-dir",
     cd.DAEMON_DIR,
 )

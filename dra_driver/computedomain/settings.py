@@ -2,7 +2,7 @@
 
 Why its own module: :class:`~dra_driver.pluginsettings.PluginSettings` carries one of these
 (None: the second driver is off), the CLI fills it (:mod:`dra_driver.cli.cdflags`) and
-:mod:`dra_driver.computedomain.agent` reads it; keeping it plain data keeps the settings module
+:mod:`dra_driver.cdagent` reads it; keeping it plain data keeps the settings module
 free of the driver's wiring.
 """
 

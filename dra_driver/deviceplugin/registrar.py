@@ -204,12 +204,15 @@ class Endpoint:
                         return
                 else:
                     registered_with = kubelet
-                    with self._cond:
-                        self.registrations += 1
-                        self._cond.notify_all()
-                    self._log.info("registered with kubelet", count=self.registrations)
+                    count = self.registrations + 1  # only this thread changes it
+                    # Logged and reported before waiters wake: whoever waits for a registration
+                    # (start-up, tests) finds its log line and readiness already there.
+                    self._log.info("registered with kubelet", count=count)
                     if self._on_registered is not None:
                         self._on_registered(self.resource_name)
+                    with self._cond:
+                        self.registrations = count
+                        self._cond.notify_all()
             self._stop.wait(self._poll)
 
     def _fatal(self, exc: RegistrationError) -> None:

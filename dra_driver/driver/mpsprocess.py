@@ -215,7 +215,12 @@ def program(
     driver root (none found: an empty command, and starting a daemon says so), with the driver
     root's libraries when that root is not ``/``."""
     if fake:
-        return (sys.executable, "-m", "dra_driver.devices.fake.fakemps"), {}
+        # Run as a script, isolated and without site-packages: the stand-in needs only the
+        # standard library, and ``-m`` would first import the fake backend's package (a third of
+        # a second per daemon and per client command, paid on every start and stop).
+        from dra_driver.devices.fake import fakemps
+
+        return (sys.executable, "-I", "-S", fakemps.__file__), {}
     found = {Path(m.container_path).name: Path(m.local_path or m.host_path) for m in files}
     binary = found.get("nvidia-cuda-mps-control")
     env: dict[str, str] = {}

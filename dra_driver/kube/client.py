@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 
 import kubernetes
 import urllib3
+import yaml
 
 from dra_driver.kube import api, transport
 
@@ -43,6 +45,36 @@ _APPLY = "application/apply-patch+yaml"
 
 class ConfigError(Exception):
     """No usable kubeconfig or in-cluster configuration; the message says what is missing."""
+
+
+def _check_kubeconfig(path: Path) -> None:
+    """Raise :class:`ConfigError` (one line: the file and the reason) unless ``path`` is a
+    readable YAML mapping; the client library would crash on anything else with a traceback."""
+    if not path.exists():
+        raise ConfigError(f"kubeconfig {path} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"kubeconfig {path} is not a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot load kubeconfig {path}: not UTF-8 text ({exc.reason})") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read kubeconfig {path}: {exc.strerror or exc}") from exc
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(
+            f"cannot load kubeconfig {path}: not valid YAML{where}: {problem}"
+        ) from exc
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(
+            f"cannot load kubeconfig {path}: not a kubeconfig (YAML "
+            f"{'list' if isinstance(loaded, list) else 'scalar'}, not a mapping of clusters, "
+            "users and contexts)"
+        )
 
 
 class KubeClient:
@@ -105,11 +137,18 @@ class KubeClient:
         configuration = kubernetes.client.Configuration()
         try:
             if path is not None:
-                if not path.is_file():
-                    raise ConfigError(f"kubeconfig {path} does not exist")
-                kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=str(path), context=context, client_configuration=configuration
-                )
+                _check_kubeconfig(path)
+                try:
+                    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                        config_file=str(path), context=context, client_configuration=configuration
+                    )
+                except (TypeError, AttributeError, KeyError, ValueError) as exc:
+                    # The library indexes the YAML as it finds it: a wrongly shaped entry
+                    # (``clusters: 5``) surfaces as a Python error, not a ConfigException.
+                    raise ConfigError(
+                        f"cannot load kubeconfig {path}: not a valid kubeconfig "
+                        f"({type(exc).__name__}: {exc})"
+                    ) from exc
             else:
                 kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
                     client_configuration=configuration
@@ -291,7 +330,9 @@ class KubeClient:
         try:
             decoded = json.loads(data) if data else {}
         except ValueError as exc:
-            raise api.ApiError(status, f"{method} {path}: reply is not JSON") from exc
+            raise api.ApiError(
+                status, f"{method} {path}: not a Kubernetes API server: {_not_json(data)}"
+            ) from exc
         if not isinstance(decoded, dict):
             raise api.ApiError(status, f"{method} {path}: reply is not a JSON object")
         return decoded
@@ -414,8 +455,8 @@ def _error(method: str, path: str, status: int, data: bytes) -> api.ApiError:
         body = json.loads(data) if data else {}
         if isinstance(body, dict):
             message, reason = str(body.get("message") or ""), str(body.get("reason") or "")
-    except ValueError:
-        message = data[:200].decode(errors="replace")
+    except ValueError:  # a proxy's or another web server's page, not a Kubernetes Status
+        message = f"not a Kubernetes API server: {_not_json(data)}"
     text = message or f"{method} {path}: HTTP {status}"
     if status == 404:
         return api.NotFound(text)
@@ -424,3 +465,17 @@ def _error(method: str, path: str, status: int, data: bytes) -> api.ApiError:
     if status in (400, 422):
         return api.Invalid(text, status=status)
     return api.ApiError(status, text, reason=reason)
+
+
+def _not_json(data: bytes) -> str:
+    """One line saying what a reply that is not JSON is (an HTML page and its title, or its
+    first line), never the body itself: an operator pointed us at the wrong server."""
+    text = data[:4096].decode(errors="replace")
+    title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+    if title:
+        name = " ".join(title.group(1).split())[:80]
+        return f"the reply is an HTML page titled {name!r}"
+    if re.match(r"\s*<", text):
+        return "the reply is an HTML or XML page"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"the reply is not JSON: {first[:80]!r}" if first else "the reply is empty"

@@ -22,7 +22,7 @@ allocated MIG device leaves its full GPU without its counters, so that GPU is ne
 nor free for the set ranks (:mod:`dra_driver.slices.gpusets`) once the agent prepared the MIG
 claim.
 
-Limits (contracts.md §5, the same in 1.36): ≤32 counters per set and per consumption, ≤2
+Limits (docs/api-limits.md, Kubernetes 1.36): ≤32 counters per set and per consumption, ≤2
 consumptions per device, ≤8 counter sets per slice, counter sets and devices never in one slice,
 ≤64 devices in a slice holding a device that consumes counters. :func:`check_references` is the
 pool-level rule the API server leaves to the allocator: every consumed set and counter exists

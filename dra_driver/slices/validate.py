@@ -7,7 +7,8 @@ in-memory API runs it so tests see the server's verdicts. Field paths and error 
 server's messages (``spec.devices[0].attributes[driverVersion].version: Invalid value: ...``):
 each rule mirrors the Kubernetes v1.36 ``pkg/apis/resource/validation`` function named beside
 it, after the strict JSON decoding of :mod:`dra_driver.apimachinery.strictdecode`; tests hold it to
-the recorded verdicts of a real kube-apiserver and to cases of their own. Limits: contracts.md §5.
+the recorded verdicts of a real kube-apiserver and to cases of their own. Limits:
+docs/api-limits.md.
 """
 
 from __future__ import annotations

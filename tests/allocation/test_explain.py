@@ -99,6 +99,20 @@ def test_constraint_that_cannot_be_met() -> None:
     ]
 
 
+def test_constraint_on_an_attribute_no_usable_device_has_says_so() -> None:
+    # Only gpu-2 and gpu-3 (no NVLink island) are usable: no group at all, not "largest 0".
+    used = [(DRIVER, NODE, "gpu-0"), (DRIVER, NODE, "gpu-1")]
+    island = {"matchAttribute": "gpu.nvidia.com/nvlinkIsland"}
+    lines = explain(rclaim(request("gpus", count=2), constraints=[island]), allocated=used)
+    assert lines == [
+        "request gpus: needs 2 devices of class gpu; 2 of 4 usable",
+        "  gpu-0, gpu-1: allocated to another claim",
+        "constraint 0 (matchAttribute over gpus): no 2 devices share "
+        "gpu.nvidia.com/nvlinkIsland (no usable device has the attribute)",
+        "  gpu-2, gpu-3: has no gpu.nvidia.com/nvlinkIsland",
+    ]
+
+
 def test_first_available_lists_every_alternative() -> None:
     lines = explain(
         rclaim(

@@ -1,5 +1,5 @@
-"""Toleration matching as Kubernetes defines it (contracts.md §5.2), shared by the simulator and
-prepare."""
+"""Toleration matching as Kubernetes defines it (docs/api-limits.md#taints-and-tolerations),
+shared by the simulator and prepare."""
 
 from __future__ import annotations
 

@@ -77,6 +77,10 @@ def start(
             str(plugin_dir),
             "--cdi-root",
             str(plugin_dir / "cdi"),
+            # A free port, never the default 8080: plugins of other tests (and workers) run at
+            # the same time. A test's own --metrics-port comes later and wins.
+            "--metrics-port",
+            "0",
             *args,
         ],
         stdout=subprocess.PIPE,

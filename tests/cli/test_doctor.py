@@ -180,3 +180,39 @@ def test_doctor_with_a_driver_name_no_slice_can_carry_exits_2(run_cli: RunCli, s
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("dra-driver: error: --node-name/--driver-name:")
     assert "spec.driver" in lines[0]
+
+
+def test_doctor_against_a_web_server_that_is_not_kubernetes_exits_2_with_one_line(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>\n<head>\n<title>Welcome to nginx!</title>\n</head>\n<body>\n</body>\n"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=web.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{web.server_address[1]}"
+        kubeconfig = fakeserver.write_kubeconfig(tmp_path / "kubeconfig", url)
+        proc = run_cli("doctor", "--kubeconfig", str(kubeconfig))
+    finally:
+        web.shutdown()
+        web.server_close()
+        thread.join(timeout=10)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"dra-driver: error: the API server {url} refused GET /version: HTTP 404: "
+        "not a Kubernetes API server: the reply is an HTML page titled 'Welcome to nginx!'"
+    ]

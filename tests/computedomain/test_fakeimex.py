@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.computedomain import imexconfig
-from dra_driver.devices.fake import fakeimex
+from dra_driver.computedomain import fakeimex, imexconfig
 
 
 @pytest.fixture
@@ -30,7 +29,7 @@ def _daemon(directory: Path, ip: str, domain: str) -> subprocess.Popen[bytes]:
         [
             sys.executable,
             "-m",
-            "dra_driver.devices.fake.fakeimex",
+            "dra_driver.computedomain.fakeimex",
             "--config-dir",
             str(directory),
             "--interval",

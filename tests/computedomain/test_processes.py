@@ -17,9 +17,10 @@ import grpc
 import pytest
 import yaml
 
+from dra_driver import cdagent as agent
 from dra_driver import computedomain as cd
-from dra_driver.computedomain import agent, imexconfig
 from dra_driver.computedomain import api as cdapi
+from dra_driver.computedomain import imexconfig
 from dra_driver.devices.fake import profiles
 from dra_driver.kube.objects import COMPUTE_DOMAINS, DAEMON_SETS, LEASES, RESOURCE_CLAIM_TEMPLATES
 from dra_driver.testing import cdcluster, polling

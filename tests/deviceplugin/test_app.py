@@ -10,6 +10,7 @@ from typing import Any
 
 from dra_driver.deviceplugin import app, inventory
 from dra_driver.devices import control, fake, health, model, nvml
+from dra_driver.devices.fake import fakemps
 from dra_driver.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 
 from .conftest import Events, StartPlugin, events_named
@@ -194,7 +195,7 @@ def test_real_gpus_are_controlled_through_nvml_and_fake_ones_through_a_state_fil
     fake_daemons = _app(plugin_dir, None, fake_node="/dev/null", mps_dir=plugin_dir / "mps").daemons
     assert isinstance(fake_daemons.gpu_control, control.FakeGpuControl)
     assert fake_daemons.processes.isolate_shm is False
-    assert fake_daemons.processes.command[1:] == ("-m", "dra_driver.devices.fake.fakemps")
+    assert fake_daemons.processes.command[1:] == ("-I", "-S", fakemps.__file__)
 
 
 def test_mps_problems_at_start_are_logged_and_do_not_stop_the_plugin(

@@ -8,7 +8,6 @@ of devices we do not publish are ignored; MIG devices inherit their GPU's health
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Collection
 
 import pynvml
@@ -16,6 +15,7 @@ import pytest
 
 from dra_driver import logs
 from dra_driver.devices import fake, health, healthpolicy, healthtracker, model, watcher
+from dra_driver.testing import polling
 
 
 class Clock:
@@ -312,7 +312,8 @@ def test_events_of_unpublished_devices_are_ignored() -> None:
     assert n.seen[-1] == ("xid", "79", "unpublished")
 
 
-def test_running_watcher_reports_within_two_seconds() -> None:
+def test_running_watcher_reports_each_kind_of_failure_on_its_own() -> None:
+    # Its own thread, no step(): how fast is benchmarks/health_latency.py's question.
     n = node(wait_ms=200)
     n.watcher.start()
     try:
@@ -321,11 +322,9 @@ def test_running_watcher_reports_within_two_seconds() -> None:
             (lambda i: n.backend.nvml.inject_ecc_dbe(i), 1),
             (n.backend.nvml.lose, 2),
         ):
-            began = time.monotonic()
             inject(index)
-            while not n.conditions(index) and time.monotonic() - began < 30:
-                time.sleep(0.01)
-            assert n.conditions(index), f"GPU {index} still healthy"
-            assert time.monotonic() - began < 2.0 or pytest.skip("machine too loaded to time")
+            assert polling.poll(lambda i=index: n.conditions(i), timeout_s=60), (
+                f"GPU {index} still healthy"
+            )
     finally:
         n.watcher.stop()

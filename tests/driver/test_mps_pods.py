@@ -15,6 +15,7 @@ import pytest
 import structlog
 
 from dra_driver import metrics as metrics_mod
+from dra_driver.devices.fake import fakemps
 from dra_driver.driver import mpspodspec
 from dra_driver.kube import api as kube
 from dra_driver.kube.objects import PODS
@@ -68,7 +69,8 @@ def test_a_shared_gpu_runs_its_daemon_in_a_pod_from_first_to_last_share(
     assert spec["automountServiceAccountToken"] is False
     (container,) = spec["containers"]
     assert container["image"] == podkit.IMAGE
-    assert container["command"][-3:] == ["-m", "dra_driver.devices.fake.fakemps", "-f"]
+    # The agent's own program in the same image: the stand-in as a script (mpsprocess.program).
+    assert container["command"][-4:] == ["-I", "-S", fakemps.__file__, "-f"]
     assert container["securityContext"]["privileged"] is False  # fake GPUs: no privileges
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     probe = container["readinessProbe"]["exec"]["command"]

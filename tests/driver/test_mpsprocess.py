@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.devices.fake import fakemps
 from dra_driver.driver import driverfiles, mpsprocess
 
 
@@ -176,7 +177,7 @@ def test_ending_gives_up_after_sigkill_grace(
 
 def test_the_program_is_the_stand_in_on_fake_nodes_else_the_driver_roots() -> None:
     assert mpsprocess.program(fake=True, files=(), driver_root_is_slash=False) == (
-        (sys.executable, "-m", "dra_driver.devices.fake.fakemps"),
+        (sys.executable, "-I", "-S", fakemps.__file__),
         {},
     )
     control = driverfiles.Mount(

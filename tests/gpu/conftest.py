@@ -60,7 +60,7 @@ def _reason(config: pytest.Config) -> str | None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     reason = _reason(item.config)
     if reason is not None:
-        pytest.skip(reason)  # one call site and one reason: `-ra` prints a single summary line
+        pytest.skip(reason)  # one reason for all: the run's summary counts them on one line
 
 
 @pytest.fixture(scope="session")

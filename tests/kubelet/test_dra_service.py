@@ -20,6 +20,8 @@ from dra_driver.kubelet import server
 from dra_driver.testing.fakeapi import memory
 from dra_driver.testing.kubeletsim import KubeletSim
 
+from . import agentready
+
 PREPARE_V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 
 
@@ -81,7 +83,7 @@ def result(device: str, *, driver: str = "gpu.nvidia.com", pool: str = "n1") -> 
 @pytest.fixture
 def running(short_dir: Path) -> Iterator[Running]:
     r = Running(short_dir)
-    r.thread.start()
+    agentready.wait_ready(r.thread.start)  # its start-up lines stay in this set-up's capture
     yield r
     r.stop.set()
     r.done.wait(10)

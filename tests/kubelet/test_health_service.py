@@ -19,6 +19,8 @@ from dra_driver.pb.dra_health.v1 import health_pb2 as v1_pb2
 from dra_driver.testing.fakeapi import memory
 from dra_driver.testing.kubeletsim import KubeletSim
 
+from . import agentready
+
 
 class Running:
     """``app.run`` in a thread on a MIG profile, with a health board the test marks."""
@@ -54,7 +56,7 @@ class Running:
 @pytest.fixture
 def running(short_dir: Path) -> Iterator[Running]:
     r = Running(short_dir, "a100-mig")
-    r.thread.start()
+    agentready.wait_ready(r.thread.start)  # its start-up lines stay in this set-up's capture
     yield r
     r.stop.set()
     r.thread.join(15)

@@ -5,7 +5,9 @@ start, supervise, adopt and stop one MPS control daemon per shared GPU. This sma
 the real binary's part, with the same command line and environment, so the agent's code path is
 the one it uses with real GPUs (:mod:`dra_driver.driver.mps`):
 
-* ``python -m dra_driver.devices.fake.fakemps -f``: the control daemon in the foreground. It needs
+* ``python -m dra_driver.devices.fake.fakemps -f`` (or ``python -I -S .../fakemps.py -f``, as the
+  node agent runs it: this module needs nothing beyond the standard library, and must not): the
+  control daemon in the foreground. It needs
   ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` (like the real one), creates the
   ``control`` socket in the pipe directory once it is ready, writes ``control.log`` in the log
   directory, and refuses to start when a daemon already answers on that pipe directory.
@@ -172,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args == ["-d"]:
             _pipe(), _log_dir()  # checked before detaching, as the real one does
             subprocess.Popen(
-                [sys.executable, "-m", __name__, "-f"],
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), "-f"],
                 start_new_session=True,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -181,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if not args:
             return client(sys.stdin, sys.stdout)
-        print(f"usage: {__name__} [-d | -f]", file=sys.stderr)
+        print("usage: fakemps [-d | -f]", file=sys.stderr)
         return 2
     except FakeMpsError as exc:
         print(str(exc), file=sys.stderr)

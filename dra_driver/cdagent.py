@@ -1,11 +1,14 @@
 """The second DRA driver of the node agent, ``compute-domain.nvidia.com``, wired up.
 
 Why it exists: :mod:`dra_driver.app` wires the GPU driver; this module wires the ComputeDomain
-driver beside it with a few lines there (:func:`start`, then ``stop()``). It gets its own plugin
-directory, DRA socket and registration socket (the kubelet sees two drivers), its checkpoint
-recovered before the sockets appear, its slice (channels and the daemon device, only on a node
-in an NVLink clique), and the monitor of its IMEX daemons. Fake GPU nodes back the channel
-device with the fake device node; real ones need the channels' major from ``/proc/devices``.
+driver beside it with a few lines there (:func:`start`, then ``stop()``). A composition root
+like ``app`` (it reads the agent's :class:`~dra_driver.pluginsettings.PluginSettings`), so it
+lives beside it, above :mod:`dra_driver.computedomain`, whose parts it puts together. It gets
+its own plugin directory, DRA socket and registration socket (the kubelet sees two drivers), its
+checkpoint recovered before the sockets appear, its slice (channels and the daemon device, only
+on a node in an NVLink clique), and the monitor of its IMEX daemons. Fake GPU nodes back the
+channel device with the fake device node; real ones need the channels' major from
+``/proc/devices``.
 
 Test seam: ``DRA_DRIVER_CD_CRASH_AT=<step>`` in the environment ends the process (exit 137, as
 a SIGKILL would) when a prepare reaches that step (:mod:`.nodedriver`), so tests can crash the

@@ -1,4 +1,4 @@
-"""A stand-in IMEX daemon for fake GPU nodes: ``python -m dra_driver.devices.fake.fakeimex``.
+"""A stand-in IMEX daemon for fake GPU nodes: ``python -m dra_driver.computedomain.fakeimex``.
 
 Why it exists: ComputeDomains must work end to end without NVLink hardware (the demo, kind
 clusters, the tests), and what the rest of the driver depends on is the daemon's contract, not
