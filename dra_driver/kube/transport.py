@@ -23,16 +23,25 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import socket
 import ssl
+import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
 from dra_driver import __version__
-from dra_driver.kube.http1 import MAX_LINE, read_response
+from dra_driver.kube.http1 import (
+    MAX_LINE,
+    chunked,
+    iter_chunks,
+    read_body,
+    read_head,
+    read_response,
+)
 from dra_driver.kube.http1 import Response as Response
 from dra_driver.kube.http1 import TransportError as TransportError
 
@@ -77,6 +86,9 @@ def from_configuration(
         )
         if configuration.cert_file:
             tls.load_cert_chain(configuration.cert_file, configuration.key_file or None)
+        cert_data = getattr(configuration, "cert_data", None)  # kubeconfig.Configuration's
+        if cert_data:
+            _load_cert_data(tls, cert_data, getattr(configuration, "key_data", None))
         assert_hostname = getattr(configuration, "assert_hostname", None)
         server_hostname = configuration.tls_server_name or (
             assert_hostname if isinstance(assert_hostname, str) else None
@@ -191,17 +203,16 @@ class Transport:
         self.connections_opened = 0
         self.sessions_resumed = 0
 
-    def request(self, method: str, path: str, *, body: bytes | None = None) -> Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+    ) -> Response:
         """Send one request (``path`` includes the query) and read the whole response."""
-        head = f"{method} {self.endpoint.base_path}{path} {self._head}"
-        token = self._authorization()
-        if token:
-            head += f"Authorization: {token}\r\n"
-        if body is not None:
-            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        data = (head + "\r\n").encode("latin-1")
-        if body:
-            data += body
+        data = self._encode(method, path, body, content_type)
         conn = self._take()
         try:
             conn.sock.sendall(data)
@@ -216,6 +227,33 @@ class Transport:
         else:
             self._discard(conn)
         return response
+
+    def stream(self, path: str, *, read_timeout_s: float) -> Stream:
+        """A streamed GET (a watch) on a connection of its own, never pooled: its status and
+        headers are read, its body is :meth:`Stream.chunks`. A read that waits longer than
+        ``read_timeout_s`` raises :class:`TransportError` (``timed_out``)."""
+        data = self._encode("GET", path, None, "")
+        conn = self._connect()
+        try:
+            conn.sock.settimeout(read_timeout_s)
+            conn.sock.sendall(data)
+            status, headers, _ = read_head(conn.rfile)
+        except (OSError, ValueError, TransportError) as exc:
+            conn.close()
+            raise TransportError(
+                f"GET {path}: {_describe(exc)}", timed_out=_timed_out(exc)
+            ) from exc
+        return Stream(status, headers, conn)
+
+    def _encode(self, method: str, path: str, body: bytes | None, content_type: str) -> bytes:
+        head = f"{method} {self.endpoint.base_path}{path} {self._head}"
+        token = self._authorization()
+        if token:
+            head += f"Authorization: {token}\r\n"
+        if body is not None:
+            head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+        data = (head + "\r\n").encode("latin-1")
+        return data + body if body else data
 
     def start_pool(self, size: int, *, keepalive_s: float = 0.0) -> None:
         """Open ``size`` connections in the background (failures are left to the requests);
@@ -365,6 +403,53 @@ class Transport:
         if not reusable:
             self._discard(conn)
         return reusable
+
+
+class Stream:
+    """A streamed response: ``status``, ``headers``, and the body as it arrives."""
+
+    def __init__(self, status: int, headers: Mapping[str, str], conn: _Connection) -> None:
+        self.status, self.headers, self._conn = status, headers, conn
+
+    def body(self) -> bytes:
+        """The whole body (an error's Status); closes the stream."""
+        try:
+            data, _ = read_body(self._conn.rfile, "GET", self.status, self.headers, False)
+            return data
+        except (OSError, ValueError, TransportError):
+            return b""
+        finally:
+            self.close()
+
+    def chunks(self) -> Iterator[bytes]:
+        """The body's pieces as they arrive; raises :class:`TransportError` when the stream
+        breaks off or stays silent past the read timeout (``timed_out``)."""
+        rfile = self._conn.rfile
+        try:
+            if chunked(self.headers):
+                yield from iter_chunks(rfile)
+            else:
+                while piece := rfile.read1(65536):  # type: ignore[attr-defined]
+                    yield piece
+        except (OSError, ValueError, TransportError) as exc:
+            raise TransportError(_describe(exc), timed_out=_timed_out(exc)) from exc
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _load_cert_data(tls: ssl.SSLContext, cert: bytes, key: bytes | None) -> None:
+    """A client certificate given inline: ``ssl`` loads only files, so through a private
+    temporary directory, removed at once."""
+    with tempfile.TemporaryDirectory(prefix="dra-driver-tls-") as tmp:
+        cert_path = os.path.join(tmp, "client.crt")
+        key_path = os.path.join(tmp, "client.key") if key else None
+        for path, data in ((cert_path, cert), (key_path, key)):
+            if path is not None and data is not None:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+        tls.load_cert_chain(cert_path, key_path)
 
 
 def _timed_out(exc: BaseException) -> bool:
