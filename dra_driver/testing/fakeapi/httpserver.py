@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any
 
-from dra_driver.testing.fakeapi import discovery, memory
+from dra_driver.testing.fakeapi import discovery, memory, requestlog
 
 
 class Server(http.server.ThreadingHTTPServer):
@@ -28,6 +28,7 @@ class Server(http.server.ThreadingHTTPServer):
     api: memory.InMemoryApi  # what the handler serves
     token: str | None  # the bearer token the handler requires, if any
     served: discovery.Served  # resource.k8s.io versions served, access reviews denied
+    requests: requestlog.RequestLog  # what was asked, by verb and resource
 
     def __init__(
         self,
