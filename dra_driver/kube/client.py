@@ -64,6 +64,7 @@ class KubeClient:
         connections: int = 0,
         max_connections: int = 32,
         keepalive_s: float = 0.0,
+        warm_connections: int | None = None,
         watch_silence_s: float = WATCH_SILENCE_S,
     ) -> None:
         """``api_client``: the library's ``ApiClient``, or a lean configuration's stand-in
@@ -72,7 +73,8 @@ class KubeClient:
 
         ``connections``: open that many connections to the server at once, in the background
         (one per thread that may GET a claim at the same time, e.g. the gRPC workers), and with
-        ``keepalive_s`` keep them open (see :class:`~dra_driver.kube.transport.Transport`);
+        ``keepalive_s`` keep ``warm_connections`` of them (default: all) open (see
+        :class:`~dra_driver.kube.transport.Transport`);
         ``max_connections``: how many idle ones to keep at most (never fewer than
         ``connections``); ``watch_silence_s``: how long past its end a watch may stay silent
         before its connection counts as dead."""
@@ -91,7 +93,7 @@ class KubeClient:
             else None
         )
         if self._transport is not None and connections > 0:
-            self._transport.start_pool(connections, keepalive_s=keepalive_s)
+            self._transport.start_pool(connections, keepalive_s=keepalive_s, warm=warm_connections)
 
     @classmethod
     def connect(
@@ -104,6 +106,7 @@ class KubeClient:
         connections: int = 0,
         max_connections: int = 32,
         keepalive_s: float = 0.0,
+        warm_connections: int | None = None,
         watch_silence_s: float = WATCH_SILENCE_S,
     ) -> KubeClient:
         """From ``kubeconfig`` (or ``$KUBECONFIG``), else the in-cluster service account; the
@@ -135,6 +138,7 @@ class KubeClient:
             connections=connections,
             max_connections=max_connections,
             keepalive_s=keepalive_s,
+            warm_connections=warm_connections,
             watch_silence_s=watch_silence_s,
         )
 

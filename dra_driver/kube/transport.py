@@ -255,14 +255,17 @@ class Transport:
         data = (head + "\r\n").encode("latin-1")
         return data + body if body else data
 
-    def start_pool(self, size: int, *, keepalive_s: float = 0.0) -> None:
+    def start_pool(self, size: int, *, keepalive_s: float = 0.0, warm: int | None = None) -> None:
         """Open ``size`` connections in the background (failures are left to the requests);
-        with ``keepalive_s`` > 0, keep that many open for good (see the class docstring)."""
+        with ``keepalive_s`` > 0, keep ``warm`` of them (default: all) open for good (see the
+        class docstring): the others are closed once idle ``keepalive_s``, and a burst opens
+        them again (resuming the TLS session the warm ones keep fresh)."""
         if size <= 0 or self._keeper is not None:
             return
         self._max_idle = max(self._max_idle, size)
+        keep = size if warm is None else max(0, min(warm, size))
         self._keeper = threading.Thread(
-            target=self._keep, args=(size, keepalive_s), name="api-connections", daemon=True
+            target=self._keep, args=(size, keepalive_s, keep), name="api-connections", daemon=True
         )
         self._keeper.start()
 
@@ -342,12 +345,13 @@ class Transport:
             self._open -= 1
         conn.close()
 
-    def _keep(self, size: int, keepalive_s: float) -> None:
-        """The pool's thread: warm up, then (with ``keepalive_s``) keep warm."""
+    def _keep(self, size: int, keepalive_s: float, warm: int) -> None:
+        """The pool's thread: warm up ``size``, then (with ``keepalive_s``) keep ``warm``."""
         period = min(max(keepalive_s / 2, 0.1), 10.0)
         while not self._closed.is_set():
-            self._refresh(keepalive_s)
+            self._refresh(keepalive_s, warm)
             self._fill(size)
+            size = warm
             if keepalive_s <= 0 or self._closed.wait(period):
                 return
 
@@ -369,10 +373,14 @@ class Transport:
                 return
             self._give_back(conn)
 
-    def _refresh(self, keepalive_s: float) -> None:
-        """Drop connections the server closed; ping those idle longer than ``keepalive_s``."""
+    def _refresh(self, keepalive_s: float, warm: int) -> None:
+        """Drop connections the server closed; of those idle longer than ``keepalive_s``, ping
+        as many as keep ``warm`` open and close the others (one request each would keep them
+        open: per agent and per keep-alive period, what a fleet of agents asks of the server
+        while idle)."""
         with self._lock:
             count = len(self._idle)
+        kept = 0
         for _ in range(count):
             with self._lock:
                 if not self._idle:
@@ -381,9 +389,13 @@ class Transport:
             if conn.dropped():
                 self._discard(conn)
             elif keepalive_s > 0 and time.monotonic() - conn.idle_since >= keepalive_s:
-                if self._ping(conn):
+                if kept >= warm:
+                    self._discard(conn)
+                elif self._ping(conn):
+                    kept += 1
                     self._give_back(conn)
             else:
+                kept += 1
                 with self._lock:  # a full rotation keeps the order: oldest used first
                     self._idle.append(conn)
 
