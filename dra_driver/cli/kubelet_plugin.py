@@ -240,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
             metrics=registry,
             readiness=readiness,
             probe=lambda: features.probe(api, settings.node_name, settings.driver_name),
+            server_version=lambda: str(api.get_version().get("gitVersion") or ""),
         )
     except (app.StartupError, server.SocketError) as exc:
         return common.fail(str(exc), code=1)
