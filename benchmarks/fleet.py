@@ -65,6 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--roll-batch", type=int, default=0, help="default: a tenth of the agents")
     parser.add_argument("--phases", default="cold,idle,outage,rolling,kill")
     parser.add_argument("--kubeconfig", type=Path, default=None, help="a real cluster")
+    parser.add_argument(
+        "--tree", type=Path, default=fleetkit.REPO, help="source tree the agents run from"
+    )
+    parser.add_argument(
+        "--agent-python",
+        default=sys.executable,
+        help="interpreter of the agents (e.g. a venv with the runtime dependencies only)",
+    )
     args = parser.parse_args(argv)
     phases = [p for p in args.phases.split(",") if p]
     if args.kubeconfig is not None and "outage" in phases:
@@ -92,7 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     profiles = [p for p in args.profiles.split(",") if p]
     agents = [
-        Agent(base / f"a{i:03d}", node, profiles[i % len(profiles)], server.kubeconfig, group)
+        Agent(
+            base / f"a{i:03d}",
+            node,
+            profiles[i % len(profiles)],
+            server.kubeconfig,
+            group,
+            tree=args.tree.resolve(),
+            python=args.agent_python,
+        )
         for i, node in enumerate(nodes)
     ]
     bench = Bench(server, agents, args)

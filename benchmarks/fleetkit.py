@@ -183,9 +183,23 @@ class ClusterServer:
 class Agent:
     """One ``dra-driver kubelet-plugin --fake PROFILE`` process for one node."""
 
-    def __init__(self, base: Path, node: str, profile: str, kubeconfig: Path, group: int) -> None:
+    def __init__(
+        self,
+        base: Path,
+        node: str,
+        profile: str,
+        kubeconfig: Path,
+        group: int,
+        *,
+        tree: Path = REPO,
+        python: str = sys.executable,
+    ) -> None:
+        """``tree``: the source tree to run (e.g. an export of ``main``, for before/after);
+        ``python``: the interpreter (e.g. of a venv with the runtime dependencies only, as the
+        container image has: no ``rich``, which structlog loads when it is there)."""
         self.base, self.node, self.profile = base, node, profile
         self.kubeconfig, self.group = kubeconfig, group
+        self.tree, self.python = tree, python
         self.proc: subprocess.Popen[bytes] | None = None
         self.pod_uid = ""
         self.started = 0.0
@@ -201,7 +215,7 @@ class Agent:
         self.generation += 1
         self.pod_uid, self._port = pod_uid, None
         argv = [
-            sys.executable,
+            self.python,
             "-m",
             "dra_driver",
             "--log-format",
@@ -234,15 +248,23 @@ class Agent:
                 stdout=log,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
-                cwd=REPO,
+                cwd=self.tree,
                 process_group=self.group,
-                env={**os.environ, "PYTHONPATH": str(REPO)},
+                env={**os.environ, "PYTHONPATH": str(self.tree)},
             )
         return self
 
     def successor(self) -> Agent:
         """The instance a rolling update starts beside this one (same node and directories)."""
-        new = Agent(self.base, self.node, self.profile, self.kubeconfig, self.group)
+        new = Agent(
+            self.base,
+            self.node,
+            self.profile,
+            self.kubeconfig,
+            self.group,
+            tree=self.tree,
+            python=self.python,
+        )
         new.generation = self.generation
         return new
 

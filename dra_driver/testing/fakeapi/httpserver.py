@@ -84,8 +84,9 @@ class Server(http.server.ThreadingHTTPServer):
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hung up (reset, broken pipe) is no server error; others are printed."""
-        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+        """A client that hung up (reset, broken pipe, TLS cut off) is no server error; others
+        are printed."""
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError | ssl.SSLEOFError):
             return
         super().handle_error(request, client_address)
 
