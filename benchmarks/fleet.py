@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(server, agents, args)
     rows = [bench.run(phase) for phase in phases]
     print_tables(rows, len(agents), fake=args.kubeconfig is None)
+    print_checks(rows, len(agents))
     return 0
 
 
@@ -302,6 +303,48 @@ def print_tables(rows: list[dict[str, Any]], agents: int, *, fake: bool) -> None
             f"{(r['requests'] or {}).get(key, {}).get('requests', 0):8d}" for r in rows
         )
         print(f"{verb:8} {res + (' (dry-run)' if dry_run else ''):28} {cells}")
+
+
+def print_checks(rows: list[dict[str, Any]], agents: int) -> None:
+    """The issue's acceptance bars (#38), each with its figure."""
+    by = {row["phase"]: row for row in rows}
+
+    def slice_requests(row: dict[str, Any], writes_only: bool) -> int | None:
+        if row["requests"] is None:
+            return None
+        return sum(
+            v["requests"]
+            for (verb, res, dry), v in row["requests"].items()
+            if res == "resourceslices"
+            and (not writes_only or (verb in fleetkit.WRITES and not dry))
+        )
+
+    checks: list[tuple[str, bool | None, str]] = []
+    if "cold" in by:
+        current = by["cold"]["current"]
+        ok = isinstance(current, float) and current <= 60
+        checks.append(("every node published within 60 s", ok, _s(current)))
+        rss = pct(by["cold"]["rss"], 50)
+        checks.append(("RSS per agent p50 <= 50 MiB", rss <= 50, f"{rss:.1f} MiB"))
+    if by.get("idle", {}).get("idle_cpu"):
+        idle = statistics.median(by["idle"]["idle_cpu"])
+        checks.append(("idle CPU per agent <= 0.5 % of a core", idle <= 0.5, f"{idle:.3f} %"))
+    for phase in ("idle", "outage"):
+        if phase in by:
+            writes = slice_requests(by[phase], True)
+            ok = None if writes is None else writes == 0
+            checks.append((f"0 slice writes ({phase})", ok, str(writes)))
+    if "outage" in by:
+        total = slice_requests(by["outage"], False)
+        per = None if total is None else total / agents
+        ok = None if per is None else per <= 5
+        checks.append(("<= 5 slice requests per agent on reconnect", ok, f"{per}"))
+    gone = sum(row["recreated"] for row in rows)
+    checks.append(("no slice deleted or re-created", gone == 0, str(gone)))
+    print("\nacceptance (#38):")
+    for what, ok, figure in checks:
+        verdict = "n/a " if ok is None else ("PASS" if ok else "FAIL")
+        print(f"  {verdict}  {what}: {figure}")
 
 
 def _s(value: float | str | None) -> str:
