@@ -292,8 +292,10 @@ def print_tables(rows: list[dict[str, Any]], agents: int, *, fake: bool) -> None
             f" {(f'{statistics.median(idle):.3f}/{max(idle):.3f}' if idle else ''):>18}"
         )
     if not fake:
-        print("\nrequest counts: n/a against a real cluster (read apiserver_request_total)")
-        return
+        print(
+            "\nrequests: the server's apiserver_request_total (every client of it, not only the"
+            " agents; n/a when /metrics may not be read); bytes: n/a"
+        )
     print("\nrequests by verb and resource (dry-run apart), all agents:")
     keys = sorted({k for row in rows for k in (row["requests"] or {})})
     print(f"{'verb':8} {'resource':28} " + " ".join(f"{r['phase']:>8}" for r in rows))

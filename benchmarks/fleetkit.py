@@ -150,7 +150,9 @@ class FakeServer:
 
 
 class ClusterServer:
-    """A real cluster (``--kubeconfig``): node states from a list; no request counts."""
+    """A real cluster (``--kubeconfig``): node states from a list of the driver's slices;
+    request counts from the server's ``apiserver_request_total`` (every client of the server,
+    the scheduler's too; no bytes), when the credentials may read ``/metrics``."""
 
     def __init__(self, kubeconfig: Path) -> None:
         from dra_driver.kube import client
@@ -158,9 +160,22 @@ class ClusterServer:
         self.kubeconfig = kubeconfig
         self._kube = client.KubeClient.connect(kubeconfig)
 
+    def requests(self) -> list[dict[str, Any]] | None:
+        http = getattr(self._kube, "_transport", None)
+        if http is None:
+            return None
+        try:
+            response = http.request("GET", "/metrics")
+        except Exception:
+            return None
+        if response.status != 200:
+            return None
+        return parse_request_totals(response.body.decode(errors="replace"))
+
     def ask(self, command: str) -> dict[str, Any]:
         if command != "stats":
             raise RuntimeError(f"{command}: only the fake API server can do that")
+        requests = self.requests()
         items, _ = self._kube.list_resource_slices(driver=DRIVER, node_name="")
         slices: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
         for obj in items:
@@ -174,7 +189,35 @@ class ClusterServer:
             }
             for node, own in slices.items()
         }
-        return {"requests": None, "nodes": nodes}
+        return {"requests": requests, "nodes": nodes}
+
+
+# kube-apiserver's reported verbs, as the fake's log names them.
+_VERBS = {"POST": "create", "PUT": "update", "APPLY": "patch", "WATCHLIST": "watch"}
+_TOTAL = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_request_totals(text: str) -> list[dict[str, Any]]:
+    """``apiserver_request_total`` by (verb, resource, dry run), as the fake's log reports
+    it (kube-apiserver's ``POST``/``PUT``/``APPLY`` are ``create``/``update``/``patch``)."""
+    totals: collections.Counter[tuple[str, str, bool]] = collections.Counter()
+    for line in text.splitlines():
+        match = _TOTAL.match(line)
+        if match is None:
+            continue
+        labels = dict(_LABEL.findall(match["labels"]))
+        verb = _VERBS.get(labels.get("verb", ""), labels.get("verb", "").lower())
+        resource = labels.get("resource", "")
+        if labels.get("subresource"):
+            resource += f"/{labels['subresource']}"
+        totals[(verb, resource or "(non-resource)", bool(labels.get("dry_run")))] += int(
+            float(match["value"])
+        )
+    return [
+        {"verb": v, "resource": r, "dryRun": d, "requests": n, "bytesIn": 0, "bytesOut": 0}
+        for (v, r, d), n in sorted(totals.items())
+    ]
 
 
 # ---------------------------------------------------------------- the agents
