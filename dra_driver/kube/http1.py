@@ -10,6 +10,7 @@ connection may be reused, and every way a reply can be cut short or garbled, eac
 from __future__ import annotations
 
 import dataclasses
+import socket
 from collections.abc import Iterator, Mapping
 from typing import BinaryIO
 
@@ -119,3 +120,17 @@ def iter_chunks(rfile: BinaryIO) -> Iterator[bytes]:
         yield chunk
     while _readline(rfile) not in (b"\r\n", b"\n", b""):  # trailer fields, ignored
         pass
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a read or connect that waited past its timeout."""
+    return isinstance(exc, TimeoutError | socket.timeout) or isinstance(
+        exc.__cause__, TimeoutError | socket.timeout
+    )
+
+
+def describe(exc: BaseException | None) -> str:
+    """``exc`` in a few words, for a :class:`TransportError`'s message."""
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timed out"
+    return str(exc) or type(exc).__name__

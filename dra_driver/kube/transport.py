@@ -9,14 +9,17 @@ and parsing the status line and headers ourselves costs about a fifth of that.
 What it does, and no more: HTTP/1.1 requests with a ``Content-Length`` body; responses framed
 by ``Content-Length``, ``chunked`` transfer coding or connection close (read by
 :mod:`dra_driver.kube.http1`); a pool of connections that can be opened up front and kept open
-past the server's idle cut-off, with TLS sessions resumed on reconnect (:class:`Transport`; an
-idle connection the server has closed is noticed before reuse, and once one connection times out
-— a path gone silent — the idle ones are dropped with it); TLS with the client library's
-settings (CA file or data, client certificate, no-verify, TLS server name); the
-``Authorization`` header taken from the library's configuration on every request (so refreshed
-tokens are used). A request is never re-sent once written: whether to retry
-is the caller's decision. Proxies and streaming (watch) stay with the library
-(:func:`from_configuration` returns None when a proxy is configured).
+past the server's idle cut-off — all of them, or only ``warm`` ones, which is what an idle
+fleet of agents costs the server (:class:`Transport`) — with TLS sessions resumed on reconnect
+(an idle connection the server has closed is noticed before reuse, and once one connection times
+out — a path gone silent — the idle ones are dropped with it); streamed responses (watches) on a
+connection of their own (:meth:`Transport.stream`); TLS with the configuration's settings (CA
+file or data, client certificate as a file or inline, no-verify, TLS server name); the
+``Authorization`` header taken from the configuration on every request (so refreshed tokens are
+used). The configuration is the ``kubernetes`` library's or
+:class:`dra_driver.kube.kubeconfig.Configuration`, which has the same attributes. A request is
+never re-sent once written: whether to retry is the caller's decision. Proxies stay with the
+library (:func:`from_configuration` returns None when a proxy is configured).
 """
 
 from __future__ import annotations
@@ -30,20 +33,16 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from dra_driver import __version__
-from dra_driver.kube.http1 import (
-    MAX_LINE,
-    chunked,
-    iter_chunks,
-    read_body,
-    read_head,
-    read_response,
-)
+from dra_driver.kube.http1 import MAX_LINE, read_head, read_response
 from dra_driver.kube.http1 import Response as Response
 from dra_driver.kube.http1 import TransportError as TransportError
+from dra_driver.kube.http1 import describe as _describe
+from dra_driver.kube.http1 import timed_out as _timed_out
+from dra_driver.kube.streams import Stream
 
 CONNECT_ATTEMPTS = 3  # like the library's urllib3.Retry(connect=2)
 
@@ -417,39 +416,6 @@ class Transport:
         return reusable
 
 
-class Stream:
-    """A streamed response: ``status``, ``headers``, and the body as it arrives."""
-
-    def __init__(self, status: int, headers: Mapping[str, str], conn: _Connection) -> None:
-        self.status, self.headers, self._conn = status, headers, conn
-
-    def body(self) -> bytes:
-        """The whole body (an error's Status); closes the stream."""
-        try:
-            data, _ = read_body(self._conn.rfile, "GET", self.status, self.headers, False)
-            return data
-        except (OSError, ValueError, TransportError):
-            return b""
-        finally:
-            self.close()
-
-    def chunks(self) -> Iterator[bytes]:
-        """The body's pieces as they arrive; raises :class:`TransportError` when the stream
-        breaks off or stays silent past the read timeout (``timed_out``)."""
-        rfile = self._conn.rfile
-        try:
-            if chunked(self.headers):
-                yield from iter_chunks(rfile)
-            else:
-                while piece := rfile.read1(65536):  # type: ignore[attr-defined]
-                    yield piece
-        except (OSError, ValueError, TransportError) as exc:
-            raise TransportError(_describe(exc), timed_out=_timed_out(exc)) from exc
-
-    def close(self) -> None:
-        self._conn.close()
-
-
 def _load_cert_data(tls: ssl.SSLContext, cert: bytes, key: bytes | None) -> None:
     """A client certificate given inline: ``ssl`` loads only files, so through a private
     temporary directory, removed at once."""
@@ -462,15 +428,3 @@ def _load_cert_data(tls: ssl.SSLContext, cert: bytes, key: bytes | None) -> None
                 with os.fdopen(fd, "wb") as out:
                     out.write(data)
         tls.load_cert_chain(cert_path, key_path)
-
-
-def _timed_out(exc: BaseException) -> bool:
-    return isinstance(exc, TimeoutError | socket.timeout) or isinstance(
-        exc.__cause__, TimeoutError | socket.timeout
-    )
-
-
-def _describe(exc: BaseException | None) -> str:
-    if isinstance(exc, TimeoutError | socket.timeout):
-        return "timed out"
-    return str(exc) or type(exc).__name__
