@@ -90,6 +90,7 @@ def run(
     readiness: health_server.Readiness | None = None,
     health_source: health.HealthBoard | None = None,
     probe: Callable[[], serverfeatures.Found] | None = None,
+    server_version: Callable[[], str] | None = None,
 ) -> int:
     """Run the node agent until ``stop`` is set; returns the exit code.
 
@@ -99,7 +100,8 @@ def run(
     ``probe`` (:func:`dra_driver.kube.features.probe` on ``api``) learns which ResourceSlice
     fields the API server keeps, before the first publish; dynamic MIG or GPU shares asked
     for on a server that drops their fields raise :class:`StartupError` (``auto:`` ones are
-    off instead). None: assume all kept."""
+    off instead). None: assume all kept. ``server_version`` (the server's ``gitVersion``):
+    after an outage, re-probe only when it changed."""
     log = log or logs.get("kubelet-plugin")
     log = log.bind(driver=settings.driver_name, node=settings.node_name)
     metrics = metrics or metrics_mod.new()
@@ -121,6 +123,7 @@ def run(
         metrics=metrics,
         gpu_sets=settings.gpu_sets,
         auto=serverfeatures.auto_flags(dynamic_mig=settings.dynamic, shareable=settings.shareable),
+        version=server_version,
     )
     kept = features.start()
     refused = serverfeatures.refusal(

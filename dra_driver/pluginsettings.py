@@ -42,6 +42,7 @@ class PluginSettings:
     workers: int = 32  # threads preparing the claims of one call in parallel
     grpc_workers: int = 16  # threads serving the DRA socket: one call (one claim, usually) each
     api_keepalive_s: float = 30.0  # refresh idle API connections this old (server cut-off: 90 s)
+    api_warm_connections: int = 1  # of the api_connections opened at start, kept open for good
     serial: bool = False
     cleanup_interval_s: float = 60.0
     publish: bool = True

@@ -88,6 +88,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(env API_KEEPALIVE; 0 = no keep-alive)",
     )
     parser.add_argument(
+        "--api-warm-connections",
+        type=int,
+        default=int(env_default("API_WARM_CONNECTIONS", "1") or 1),
+        help="of the API connections opened at start (one per gRPC worker), how many the "
+        "keep-alive keeps open while idle; the others close after --api-keepalive idle and a "
+        "burst re-opens them (TLS resumed). Each kept one costs the API server a request per "
+        "keep-alive period per node (env API_WARM_CONNECTIONS; default 1)",
+    )
+    parser.add_argument(
         "--serial",
         action="store_true",
         default=env_default("PREPARE_SERIAL") == "true",
@@ -189,6 +198,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         boot_id_file=args.boot_id_file or checkpoint.BOOT_ID_FILE,
         serial=args.serial,
         api_keepalive_s=max(0.0, args.api_keepalive),
+        api_warm_connections=max(0, args.api_warm_connections),
         cleanup_interval_s=args.cleanup_interval,
         publish=not args.no_publish,
         publish_grace_s=args.publish_grace,
@@ -219,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
             connections=settings.api_connections,
             max_connections=max(settings.workers, settings.api_connections),
             keepalive_s=settings.api_keepalive_s,
+            warm_connections=settings.api_warm_connections,
         )
     except (common.UsageError, backend.DiscoveryError, client.ConfigError) as exc:
         return common.fail(str(exc))
@@ -242,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
             metrics=registry,
             readiness=readiness,
             probe=lambda: features.probe(api, settings.node_name, settings.driver_name),
+            server_version=lambda: str(api.get_version().get("gitVersion") or ""),
         )
     except (app.StartupError, server.SocketError) as exc:
         return common.fail(str(exc), code=1)

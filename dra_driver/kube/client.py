@@ -1,19 +1,20 @@
 """The real :class:`~dra_driver.kube.api.KubeApi` adapter: the only module that imports the
-``kubernetes`` client library.
+``kubernetes`` client library, and only when it must.
 
 Why it exists: the driver talks to the API server through a narrow port of plain dicts; this
-is its production implementation. It uses the client library only for what is hard to get right
-— kubeconfig / in-cluster configuration, credentials (tokens, exec plugins, client
-certificates, CA bundles) and the pooled HTTP connection — and speaks the REST paths itself:
-requests go through the raw ``ApiClient`` and response bodies are JSON-decoded here, because
-the generated model classes are slow to deserialize and would leak library types into the
-driver. The JSON requests themselves (a claim GET per prepare, the claim's status applied after
-each prepare and unprepare, the publisher's writes) go over :mod:`dra_driver.kube.transport`, a
-lean HTTP/1.1 client that costs a fifth of the library's CPU per request; the library's own HTTP
-stack is kept for watches, for proxy set-ups and for the rare Node label patch. Every failure
-becomes the port's :class:`~dra_driver.kube.api.ApiError` family, with status 0 when the server
-could not be reached at all. Beyond the port it answers what ``dra-driver doctor`` asks
-(``/version``, API discovery, dry-run creates, access reviews: :mod:`dra_driver.kube.features`).
+is its production implementation. It speaks the REST paths itself over
+:mod:`dra_driver.kube.transport`, a lean HTTP/1.1 client that costs a fifth of the library's
+CPU per request — JSON requests, the Node label and claim status patches, and watches (a
+streamed response on a connection of its own) — and response bodies are JSON-decoded here.
+The configuration (in-cluster service account; kubeconfig with a token, token file or client
+certificates) is read by :mod:`dra_driver.kube.kubeconfig`, so the node agent never imports the
+``kubernetes`` package (~10 MiB of memory and ~0.2 s of CPU per agent, one agent per node). The
+library is imported, lazily, only for what the transport does not do — exec credential plugins,
+auth providers, basic auth and proxies — or when asked for (``lean=False``); then every request
+goes through its ``ApiClient``. Every failure becomes the port's
+:class:`~dra_driver.kube.api.ApiError` family, with status 0 when the server could not be
+reached at all. Beyond the port it answers what ``dra-driver doctor`` asks (``/version``, API
+discovery, dry-run creates, access reviews: :mod:`dra_driver.kube.features`).
 
 A watch asks the server to end it after ``timeout_s``; a watch connection that has stayed
 silent for ``watch_silence_s`` past that is dead (a proxy or NAT that dropped it without a
@@ -27,19 +28,17 @@ import json
 import os
 import re
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes
-import urllib3
 import yaml
 
-from dra_driver.kube import api, transport
+from dra_driver.kube import api, library, transport
+from dra_driver.kube import kubeconfig as _kubeconfig
 
 _GROUP = "/apis/resource.k8s.io/v1"
 WATCH_SILENCE_S = 5.0
-_AUTH = ["BearerToken"]
 _APPLY = "application/apply-patch+yaml"
 
 
@@ -77,8 +76,18 @@ def _check_kubeconfig(path: Path) -> None:
         )
 
 
+class _NoLibrary:
+    """Stands where the library's ``ApiClient`` would: a lean configuration, no library."""
+
+    def __init__(self, configuration: _kubeconfig.Configuration) -> None:
+        self.configuration = configuration
+
+    def close(self) -> None:
+        pass
+
+
 class KubeClient:
-    """The port over HTTP. Thread-safe: the client library's connection pool is shared."""
+    """The port over HTTP. Thread-safe: the transport's (or library's) pool is shared."""
 
     def __init__(
         self,
@@ -89,13 +98,17 @@ class KubeClient:
         connections: int = 0,
         max_connections: int = 32,
         keepalive_s: float = 0.0,
+        warm_connections: int | None = None,
         watch_silence_s: float = WATCH_SILENCE_S,
     ) -> None:
-        """``lean=False`` sends every request through the library (as with a proxy).
+        """``api_client``: the library's ``ApiClient``, or a lean configuration's stand-in
+        (:meth:`connect` picks); ``lean=False`` sends every request through the library (as
+        with a proxy).
 
         ``connections``: open that many connections to the server at once, in the background
         (one per thread that may GET a claim at the same time, e.g. the gRPC workers), and with
-        ``keepalive_s`` keep them open (see :class:`~dra_driver.kube.transport.Transport`);
+        ``keepalive_s`` keep ``warm_connections`` of them (default: all) open (see
+        :class:`~dra_driver.kube.transport.Transport`);
         ``max_connections``: how many idle ones to keep at most (never fewer than
         ``connections``); ``watch_silence_s``: how long past its end a watch may stay silent
         before its connection counts as dead."""
@@ -107,14 +120,14 @@ class KubeClient:
             transport.from_configuration(
                 configuration,
                 timeouts=self._timeout,
-                proxied=_proxied(configuration),
+                proxied=library.proxied(configuration),
                 max_idle=max(connections, max_connections),
             )
             if lean
             else None
         )
         if self._transport is not None and connections > 0:
-            self._transport.start_pool(connections, keepalive_s=keepalive_s)
+            self._transport.start_pool(connections, keepalive_s=keepalive_s, warm=warm_connections)
 
     @classmethod
     def connect(
@@ -127,6 +140,7 @@ class KubeClient:
         connections: int = 0,
         max_connections: int = 32,
         keepalive_s: float = 0.0,
+        warm_connections: int | None = None,
         watch_silence_s: float = WATCH_SILENCE_S,
     ) -> KubeClient:
         """From ``kubeconfig`` (or ``$KUBECONFIG``), else the in-cluster service account; the
@@ -134,42 +148,37 @@ class KubeClient:
         path = kubeconfig or (
             Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
         )
-        configuration = kubernetes.client.Configuration()
-        try:
-            if path is not None:
-                _check_kubeconfig(path)
-                try:
-                    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                        config_file=str(path), context=context, client_configuration=configuration
-                    )
-                except (TypeError, AttributeError, KeyError, ValueError) as exc:
-                    # The library indexes the YAML as it finds it: a wrongly shaped entry
-                    # (``clusters: 5``) surfaces as a Python error, not a ConfigException.
-                    raise ConfigError(
-                        f"cannot load kubeconfig {path}: not a valid kubeconfig "
-                        f"({type(exc).__name__}: {exc})"
-                    ) from exc
-            else:
-                kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration
-                )
-        except kubernetes.config.ConfigException as exc:
-            where = f"kubeconfig {path}" if path else "in-cluster configuration"
-            raise ConfigError(f"cannot load {where}: {exc}") from exc
-        # Retry only what is safe to repeat: connecting. A request that may have reached the
-        # server is never re-sent here; the caller's backoff decides.
-        configuration.retries = urllib3.Retry(
-            total=2, connect=2, read=0, status=0, redirect=0, other=0
-        )
-        # The library's pool (watches, proxies): one connection per prepare worker.
-        configuration.connection_pool_maxsize = max(connections, max_connections)
+        if path is not None:
+            _check_kubeconfig(path)
+        api_client: Any = None
+        if lean:
+            try:
+                lean_config = _kubeconfig.load(path, context) if path else _kubeconfig.in_cluster()
+            except _kubeconfig.ConfigError as exc:
+                where = f"kubeconfig {path}" if path else "in-cluster configuration"
+                raise ConfigError(f"cannot load {where}: {exc}") from exc
+            except (TypeError, AttributeError, KeyError, ValueError) as exc:
+                # A wrongly shaped entry (``clusters: 5``) surfaces as a Python error.
+                raise ConfigError(
+                    f"cannot load kubeconfig {path}: not a valid kubeconfig "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
+            if lean_config is not None:
+                api_client = _NoLibrary(lean_config)
+        if api_client is None:  # what the transport does not do: the library's
+            try:
+                api_client = library.api_client(path, context, max(connections, max_connections))
+            except library.LibraryConfigError as exc:
+                where = f"kubeconfig {path}" if path else "in-cluster configuration"
+                raise ConfigError(f"cannot load {where}: {exc}") from exc
         return cls(
-            kubernetes.client.ApiClient(configuration),
+            api_client,
             timeout_s=timeout_s,
             lean=lean,
             connections=connections,
             max_connections=max_connections,
             keepalive_s=keepalive_s,
+            warm_connections=warm_connections,
             watch_silence_s=watch_silence_s,
         )
 
@@ -198,7 +207,6 @@ class KubeClient:
         return self._patch(path, json.dumps(patch), _APPLY, query=query)
 
     def patch_node(self, name: str, patch: api.Obj) -> api.Obj:
-        # Rare (only when our labels change): through the library, which sends any media type.
         path = f"/api/v1/nodes/{_q(name)}"
         return self._patch(path, patch, "application/merge-patch+json")
 
@@ -210,20 +218,16 @@ class KubeClient:
         *,
         query: list[tuple[str, str]] | None = None,
     ) -> api.Obj:
-        response = self._request("PATCH", path, query=query, body=body, content_type=content_type)
-        try:
-            data = response.data
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise api.ApiError(0, f"PATCH {path}: connection lost reading reply: {exc}") from exc
-        finally:
-            response.release_conn()
-        try:
-            decoded = json.loads(data) if data else {}
-        except ValueError as exc:
-            raise api.ApiError(response.status, f"PATCH {path}: reply is not JSON") from exc
-        if not isinstance(decoded, dict):
-            raise api.ApiError(response.status, f"PATCH {path}: reply is not a JSON object")
-        return decoded
+        if self._transport is not None:
+            status, data = self._lean(
+                "PATCH", path, query=query, body=body, content_type=content_type
+            )
+        else:
+            response = self._request(
+                "PATCH", path, query=query, body=body, content_type=content_type
+            )
+            status, data = response.status, library.data(response, "PATCH", path)
+        return _decoded(status, data, "PATCH", path)
 
     def list_resource_slices(self, *, driver: str, node_name: str) -> tuple[list[api.Obj], str]:
         query = [("fieldSelector", _selector(driver, node_name))]
@@ -269,8 +273,24 @@ class KubeClient:
         if resource_version:
             query.append(("resourceVersion", resource_version))
         silence = timeout_s + self._watch_silence_s  # the longest read a live watch may take
+        what = path.rsplit("/", 1)[-1]
+        if self._transport is not None:
+            return self._lean_watch(path, query, silence, what)
         response = self._request("GET", path, query=query, timeout=(self._timeout[0], silence))
-        return self._events(response, silence, path.rsplit("/", 1)[-1])
+        return self._events(response.stream(65536), silence, what, response.release_conn)
+
+    def _lean_watch(
+        self, path: str, query: list[tuple[str, str]], silence: float, what: str
+    ) -> Iterator[api.WatchEvent]:
+        assert self._transport is not None
+        target = f"{path}?{urllib.parse.urlencode(query)}"
+        try:
+            stream = self._transport.stream(target, read_timeout_s=silence)
+        except transport.TransportError as exc:
+            raise api.ApiError(0, f"API server unreachable: {exc}") from exc
+        if not 200 <= stream.status < 300:
+            raise _error("GET", path, stream.status, stream.body())
+        return self._events(stream.chunks(), silence, what, stream.close)
 
     # ------------------------------------------------------------------ beyond the port
     # What ``dra-driver doctor`` asks (:mod:`dra_driver.kube.features`); the agent never does.
@@ -318,24 +338,8 @@ class KubeClient:
             )
         else:
             response = self._request(method, path, query=query, body=body)
-            status = response.status
-            try:
-                data = response.data
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                raise api.ApiError(
-                    0, f"{method} {path}: connection lost reading reply: {exc}"
-                ) from exc
-            finally:
-                response.release_conn()
-        try:
-            decoded = json.loads(data) if data else {}
-        except ValueError as exc:
-            raise api.ApiError(
-                status, f"{method} {path}: not a Kubernetes API server: {_not_json(data)}"
-            ) from exc
-        if not isinstance(decoded, dict):
-            raise api.ApiError(status, f"{method} {path}: reply is not a JSON object")
-        return decoded
+            status, data = response.status, library.data(response, method, path)
+        return _decoded(status, data, method, path)
 
     def _lean(
         self,
@@ -343,12 +347,17 @@ class KubeClient:
         path: str,
         *,
         query: list[tuple[str, str]] | None,
-        body: api.Obj | None,
+        body: api.Obj | str | None,
         content_type: str = "application/json",
     ) -> tuple[int, bytes]:
         assert self._transport is not None
         target = f"{path}?{urllib.parse.urlencode(query)}" if query else path
-        payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        if body is None:
+            payload = None
+        elif isinstance(body, str):
+            payload = body.encode()
+        else:
+            payload = json.dumps(body, separators=(",", ":")).encode()
         try:
             response = self._transport.request(
                 method, target, body=payload, content_type=content_type
@@ -369,38 +378,30 @@ class KubeClient:
         timeout: tuple[float, float] | None = None,
         content_type: str = "application/json",
     ) -> Any:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        try:
-            request = self._client.param_serialize(
-                method,
-                path,
-                query_params=query or [],
-                header_params=headers,
-                body=body,
-                auth_settings=_AUTH,
-            )
-            result = self._client.call_api(*request, _request_timeout=timeout or self._timeout)
-        except kubernetes.client.exceptions.ApiException as exc:
-            raise api.ApiError(exc.status or 0, f"{method} {path}: {exc.reason}") from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise api.ApiError(0, f"{method} {path}: API server unreachable: {exc}") from exc
-        response = result.response
+        """Through the library; a non-2xx reply raises the port's error."""
+        response = library.request(
+            self._client,
+            method,
+            path,
+            query=query,
+            body=body,
+            timeout=timeout or self._timeout,
+            content_type=content_type,
+        )
         if not 200 <= response.status < 300:
             try:
-                data = response.data
-            except (urllib3.exceptions.HTTPError, OSError):
+                data = library.data(response, method, path)
+            except api.ApiError:
                 data = b""
-            finally:
-                response.release_conn()
             raise _error(method, path, response.status, data)
         return response
 
-    def _events(self, response: Any, silence: float, what: str) -> Iterator[api.WatchEvent]:
+    def _events(
+        self, chunks: Iterator[bytes], silence: float, what: str, release: Callable[[], None]
+    ) -> Iterator[api.WatchEvent]:
         buffer = b""
         try:
-            for chunk in response.stream(65536):
+            for chunk in chunks:
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
@@ -408,24 +409,44 @@ class KubeClient:
                         yield _event(line, what)
             if buffer.strip():
                 yield _event(buffer, what)
-        except urllib3.exceptions.ReadTimeoutError as exc:
-            raise api.ApiError(
-                0, f"watch of {what} silent for {silence:g}s: connection presumed dead"
-            ) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except Exception as exc:
+            if _timed_out(exc):
+                raise api.ApiError(
+                    0, f"watch of {what} silent for {silence:g}s: connection presumed dead"
+                ) from exc
+            if isinstance(exc, api.ApiError) or not _broken(exc):
+                raise
             raise api.ApiError(0, f"watch of {what} broke off: {exc}") from exc
         finally:
-            response.release_conn()
+            release()
 
 
-def _proxied(configuration: Any) -> bool:
-    """Whether the library would reach the API server through a proxy (kubeconfig
-    ``proxy-url`` or ``HTTPS_PROXY``, unless ``NO_PROXY`` covers the server)."""
-    if not getattr(configuration, "proxy", None):
-        return False
-    bypass = getattr(kubernetes.client.rest, "should_bypass_proxies", None)
-    no_proxy = getattr(configuration, "no_proxy", None) or ""
-    return not (bypass is not None and bypass(configuration.host, no_proxy))
+def _timed_out(exc: BaseException) -> bool:
+    """A watch read that waited past its timeout (our transport's, or urllib3's)."""
+    if isinstance(exc, transport.TransportError):
+        return exc.timed_out
+    return type(exc).__name__ == "ReadTimeoutError"
+
+
+def _broken(exc: BaseException) -> bool:
+    """A connection that broke off: ours, an OSError, or any of urllib3's HTTP errors."""
+    if isinstance(exc, transport.TransportError | OSError):
+        return True
+    return any(
+        c.__module__.startswith("urllib3") and c.__name__ == "HTTPError" for c in type(exc).__mro__
+    )
+
+
+def _decoded(status: int, data: bytes, method: str, path: str) -> api.Obj:
+    try:
+        decoded = json.loads(data) if data else {}
+    except ValueError as exc:
+        raise api.ApiError(
+            status, f"{method} {path}: not a Kubernetes API server: {_not_json(data)}"
+        ) from exc
+    if not isinstance(decoded, dict):
+        raise api.ApiError(status, f"{method} {path}: reply is not a JSON object")
+    return decoded
 
 
 def _q(segment: str) -> str:

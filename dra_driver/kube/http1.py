@@ -10,7 +10,8 @@ connection may be reused, and every way a reply can be cut short or garbled, eac
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import socket
+from collections.abc import Iterator, Mapping
 from typing import BinaryIO
 
 MAX_LINE = 65536
@@ -18,7 +19,12 @@ MAX_HEADERS = 200
 
 
 class TransportError(Exception):
-    """No (complete) response: connection refused, dropped, timed out or garbled."""
+    """No (complete) response: connection refused, dropped, timed out or garbled
+    (``timed_out``: a read waited past its timeout)."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -37,6 +43,14 @@ def _readline(rfile: BinaryIO) -> bytes:
 
 def read_response(rfile: BinaryIO, method: str) -> tuple[Response, bool]:
     """One response (skipping 1xx); also whether the connection may be reused."""
+    status, headers, reusable = read_head(rfile)
+    body, reusable = read_body(rfile, method, status, headers, reusable)
+    return Response(status, headers, body), reusable
+
+
+def read_head(rfile: BinaryIO) -> tuple[int, dict[str, str], bool]:
+    """A response's status and headers (skipping 1xx), and whether the connection may be
+    reused once its body is read; the body is left on ``rfile``."""
     while True:
         status_line = _readline(rfile)
         if not status_line:
@@ -63,23 +77,35 @@ def read_response(rfile: BinaryIO, method: str) -> tuple[Response, bool]:
             break
     tokens = {t.strip() for t in headers.get("connection", "").lower().split(",")}
     reusable = "close" not in tokens and (parts[0] != b"HTTP/1.0" or "keep-alive" in tokens)
+    return status, headers, reusable
+
+
+def read_body(
+    rfile: BinaryIO, method: str, status: int, headers: Mapping[str, str], reusable: bool
+) -> tuple[bytes, bool]:
+    """The whole body after :func:`read_head`, by its framing; and whether the connection may
+    be reused."""
     if method == "HEAD" or status in (204, 304):
-        return Response(status, headers, b""), reusable
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        return Response(status, headers, _read_chunked(rfile)), reusable
+        return b"", reusable
+    if chunked(headers):
+        return b"".join(iter_chunks(rfile)), reusable
     length = headers.get("content-length")
     if length is None:  # the body runs until the server closes the connection
-        return Response(status, headers, rfile.read()), False
+        return rfile.read(), False
     if not length.isdigit():
         raise TransportError(f"bad Content-Length {length!r}")
     body = rfile.read(int(length))
     if len(body) != int(length):
         raise TransportError(f"connection closed after {len(body)} of {length} body bytes")
-    return Response(status, headers, body), reusable
+    return body, reusable
 
 
-def _read_chunked(rfile: BinaryIO) -> bytes:
-    chunks: list[bytes] = []
+def chunked(headers: Mapping[str, str]) -> bool:
+    return "chunked" in headers.get("transfer-encoding", "").lower()
+
+
+def iter_chunks(rfile: BinaryIO) -> Iterator[bytes]:
+    """The chunks of a ``chunked`` body as they arrive (a watch stream), trailers skipped."""
     while True:
         size_line = _readline(rfile).split(b";", 1)[0].strip()
         try:
@@ -91,7 +117,20 @@ def _read_chunked(rfile: BinaryIO) -> bytes:
         chunk = rfile.read(size)
         if len(chunk) != size or _readline(rfile) not in (b"\r\n", b"\n"):
             raise TransportError("connection closed inside a chunk")
-        chunks.append(chunk)
+        yield chunk
     while _readline(rfile) not in (b"\r\n", b"\n", b""):  # trailer fields, ignored
         pass
-    return b"".join(chunks)
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a read or connect that waited past its timeout."""
+    return isinstance(exc, TimeoutError | socket.timeout) or isinstance(
+        exc.__cause__, TimeoutError | socket.timeout
+    )
+
+
+def describe(exc: BaseException | None) -> str:
+    """``exc`` in a few words, for a :class:`TransportError`'s message."""
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timed out"
+    return str(exc) or type(exc).__name__

@@ -9,22 +9,27 @@ and parsing the status line and headers ourselves costs about a fifth of that.
 What it does, and no more: HTTP/1.1 requests with a ``Content-Length`` body; responses framed
 by ``Content-Length``, ``chunked`` transfer coding or connection close (read by
 :mod:`dra_driver.kube.http1`); a pool of connections that can be opened up front and kept open
-past the server's idle cut-off, with TLS sessions resumed on reconnect (:class:`Transport`; an
-idle connection the server has closed is noticed before reuse, and once one connection times out
-— a path gone silent — the idle ones are dropped with it); TLS with the client library's
-settings (CA file or data, client certificate, no-verify, TLS server name); the
-``Authorization`` header taken from the library's configuration on every request (so refreshed
-tokens are used). A request is never re-sent once written: whether to retry
-is the caller's decision. Proxies and streaming (watch) stay with the library
-(:func:`from_configuration` returns None when a proxy is configured).
+past the server's idle cut-off — all of them, or only ``warm`` ones, which is what an idle
+fleet of agents costs the server (:class:`Transport`) — with TLS sessions resumed on reconnect
+(an idle connection the server has closed is noticed before reuse, and once one connection times
+out — a path gone silent — the idle ones are dropped with it); streamed responses (watches) on a
+connection of their own (:meth:`Transport.stream`); TLS with the configuration's settings (CA
+file or data, client certificate as a file or inline, no-verify, TLS server name); the
+``Authorization`` header taken from the configuration on every request (so refreshed tokens are
+used). The configuration is the ``kubernetes`` library's or
+:class:`dra_driver.kube.kubeconfig.Configuration`, which has the same attributes. A request is
+never re-sent once written: whether to retry is the caller's decision. Proxies stay with the
+library (:func:`from_configuration` returns None when a proxy is configured).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import socket
 import ssl
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -32,9 +37,12 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from dra_driver import __version__
-from dra_driver.kube.http1 import MAX_LINE, read_response
+from dra_driver.kube.http1 import MAX_LINE, read_head, read_response
 from dra_driver.kube.http1 import Response as Response
 from dra_driver.kube.http1 import TransportError as TransportError
+from dra_driver.kube.http1 import describe as _describe
+from dra_driver.kube.http1 import timed_out as _timed_out
+from dra_driver.kube.streams import Stream
 
 CONNECT_ATTEMPTS = 3  # like the library's urllib3.Retry(connect=2)
 
@@ -77,6 +85,9 @@ def from_configuration(
         )
         if configuration.cert_file:
             tls.load_cert_chain(configuration.cert_file, configuration.key_file or None)
+        cert_data = getattr(configuration, "cert_data", None)  # kubeconfig.Configuration's
+        if cert_data:
+            _load_cert_data(tls, cert_data, getattr(configuration, "key_data", None))
         assert_hostname = getattr(configuration, "assert_hostname", None)
         server_hostname = configuration.tls_server_name or (
             assert_hostname if isinstance(assert_hostname, str) else None
@@ -201,15 +212,7 @@ class Transport:
     ) -> Response:
         """Send one request (``path`` includes the query) and read the whole response;
         ``content_type`` names the body's media type (e.g. a server-side apply's)."""
-        head = f"{method} {self.endpoint.base_path}{path} {self._head}"
-        token = self._authorization()
-        if token:
-            head += f"Authorization: {token}\r\n"
-        if body is not None:
-            head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-        data = (head + "\r\n").encode("latin-1")
-        if body:
-            data += body
+        data = self._encode(method, path, body, content_type)
         conn = self._take()
         try:
             conn.sock.sendall(data)
@@ -225,14 +228,44 @@ class Transport:
             self._discard(conn)
         return response
 
-    def start_pool(self, size: int, *, keepalive_s: float = 0.0) -> None:
+    def stream(self, path: str, *, read_timeout_s: float) -> Stream:
+        """A streamed GET (a watch) on a connection of its own, never pooled: its status and
+        headers are read, its body is :meth:`Stream.chunks`. A read that waits longer than
+        ``read_timeout_s`` raises :class:`TransportError` (``timed_out``)."""
+        data = self._encode("GET", path, None, "")
+        conn = self._connect()
+        try:
+            conn.sock.settimeout(read_timeout_s)
+            conn.sock.sendall(data)
+            status, headers, _ = read_head(conn.rfile)
+        except (OSError, ValueError, TransportError) as exc:
+            conn.close()
+            raise TransportError(
+                f"GET {path}: {_describe(exc)}", timed_out=_timed_out(exc)
+            ) from exc
+        return Stream(status, headers, conn)
+
+    def _encode(self, method: str, path: str, body: bytes | None, content_type: str) -> bytes:
+        head = f"{method} {self.endpoint.base_path}{path} {self._head}"
+        token = self._authorization()
+        if token:
+            head += f"Authorization: {token}\r\n"
+        if body is not None:
+            head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+        data = (head + "\r\n").encode("latin-1")
+        return data + body if body else data
+
+    def start_pool(self, size: int, *, keepalive_s: float = 0.0, warm: int | None = None) -> None:
         """Open ``size`` connections in the background (failures are left to the requests);
-        with ``keepalive_s`` > 0, keep that many open for good (see the class docstring)."""
+        with ``keepalive_s`` > 0, keep ``warm`` of them (default: all) open for good (see the
+        class docstring): the others are closed once idle ``keepalive_s``, and a burst opens
+        them again (resuming the TLS session the warm ones keep fresh)."""
         if size <= 0 or self._keeper is not None:
             return
         self._max_idle = max(self._max_idle, size)
+        keep = size if warm is None else max(0, min(warm, size))
         self._keeper = threading.Thread(
-            target=self._keep, args=(size, keepalive_s), name="api-connections", daemon=True
+            target=self._keep, args=(size, keepalive_s, keep), name="api-connections", daemon=True
         )
         self._keeper.start()
 
@@ -312,12 +345,13 @@ class Transport:
             self._open -= 1
         conn.close()
 
-    def _keep(self, size: int, keepalive_s: float) -> None:
-        """The pool's thread: warm up, then (with ``keepalive_s``) keep warm."""
+    def _keep(self, size: int, keepalive_s: float, warm: int) -> None:
+        """The pool's thread: warm up ``size``, then (with ``keepalive_s``) keep ``warm``."""
         period = min(max(keepalive_s / 2, 0.1), 10.0)
         while not self._closed.is_set():
-            self._refresh(keepalive_s)
+            self._refresh(keepalive_s, warm)
             self._fill(size)
+            size = warm
             if keepalive_s <= 0 or self._closed.wait(period):
                 return
 
@@ -339,10 +373,14 @@ class Transport:
                 return
             self._give_back(conn)
 
-    def _refresh(self, keepalive_s: float) -> None:
-        """Drop connections the server closed; ping those idle longer than ``keepalive_s``."""
+    def _refresh(self, keepalive_s: float, warm: int) -> None:
+        """Drop connections the server closed; of those idle longer than ``keepalive_s``, ping
+        as many as keep ``warm`` open and close the others (one request each would keep them
+        open: per agent and per keep-alive period, what a fleet of agents asks of the server
+        while idle)."""
         with self._lock:
             count = len(self._idle)
+        kept = 0
         for _ in range(count):
             with self._lock:
                 if not self._idle:
@@ -351,9 +389,13 @@ class Transport:
             if conn.dropped():
                 self._discard(conn)
             elif keepalive_s > 0 and time.monotonic() - conn.idle_since >= keepalive_s:
-                if self._ping(conn):
+                if kept >= warm:
+                    self._discard(conn)
+                elif self._ping(conn):
+                    kept += 1
                     self._give_back(conn)
             else:
+                kept += 1
                 with self._lock:  # a full rotation keeps the order: oldest used first
                     self._idle.append(conn)
 
@@ -375,13 +417,15 @@ class Transport:
         return reusable
 
 
-def _timed_out(exc: BaseException) -> bool:
-    return isinstance(exc, TimeoutError | socket.timeout) or isinstance(
-        exc.__cause__, TimeoutError | socket.timeout
-    )
-
-
-def _describe(exc: BaseException | None) -> str:
-    if isinstance(exc, TimeoutError | socket.timeout):
-        return "timed out"
-    return str(exc) or type(exc).__name__
+def _load_cert_data(tls: ssl.SSLContext, cert: bytes, key: bytes | None) -> None:
+    """A client certificate given inline: ``ssl`` loads only files, so through a private
+    temporary directory, removed at once."""
+    with tempfile.TemporaryDirectory(prefix="dra-driver-tls-") as tmp:
+        cert_path = os.path.join(tmp, "client.crt")
+        key_path = os.path.join(tmp, "client.key") if key else None
+        for path, data in ((cert_path, cert), (key_path, key)):
+            if path is not None and data is not None:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+        tls.load_cert_chain(cert_path, key_path)

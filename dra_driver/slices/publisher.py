@@ -31,6 +31,9 @@ from dra_driver.slices.pubtypes import Backoff, Log, Outcome, PublishError
 __all__ = ["Backoff", "Log", "Outcome", "PublishError", "Publisher", "start_node_publisher"]
 
 CONFLICT_RETRIES = 3
+# The watch's retries: after an API server restart every agent of a fleet re-opens its watch;
+# the first retries spread over 0.25-0.5 s (equal jitter), later ones over up to 15-30 s.
+WATCH_RETRY_S = (0.5, 30.0)
 
 
 class Publisher(slicewatch.SliceWatch):
@@ -67,6 +70,7 @@ class Publisher(slicewatch.SliceWatch):
         self._outage = False  # a pass failed, or the watch broke: the next success reconnects
         self.driver_name, self.node_name = driver_name, node_name
         self._backoff = backoff or Backoff()
+        self._watch_backoff = Backoff(initial_s=WATCH_RETRY_S[0], max_s=WATCH_RETRY_S[1])
         self._resync_s, self._watch_timeout_s = resync_s, watch_timeout_s
         self.log: Log = log or logs.get("publisher").bind(node=node_name, driver=driver_name)
         self._lock = threading.Lock()

@@ -13,8 +13,10 @@ where the server drops their fields, the selected GPUs published as plain full G
 
 :class:`ServerFeatures` holds what the server keeps now (:class:`Kept`), learns it from a probe
 callable at start (a failing probe: assume everything is kept, as before, and try again on the
-next reconnect), re-probes when the publisher reconnects after an outage or sees a write answered
-without fields it sent, logs one line per feature found dropped, keeps the
+next reconnect), re-probes when something suggests the server changed — the publisher reconnects
+after an outage to a server of another version (a cheap ``GET /version`` tells; without that
+callable every reconnect re-probes), the last probe failed, or a write is answered without
+fields it sent — logs one line per feature found dropped, keeps the
 ``dra_driver_feature_enabled`` gauge and tells its subscribers (the node publisher rebuilds).
 It imports no client: the composition root hands it the probe.
 """
@@ -211,11 +213,16 @@ class ServerFeatures:
         gpu_sets: bool = True,
         auto: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        version: Callable[[], str] | None = None,
     ) -> None:
         """``auto``: feature → the ``auto:`` flag selecting it (:func:`auto_flags`), named in
         the line saying the server drops the feature's fields (the feature is off, not
-        withdrawn)."""
+        withdrawn); ``version``: the server's version now (``gitVersion``), asked on a
+        reconnect: the same as at the last probe, no re-probe (a fleet of agents reconnecting
+        after an API server restart would otherwise each send two dry-run creates)."""
         self._probe = probe
+        self._version = version
+        self._probed_version = ""  # the server's version at the last successful probe
         self._auto = dict(auto or {})
         self._log = log
         self._metrics = metrics
@@ -263,6 +270,7 @@ class ServerFeatures:
                 )
                 return
             self.probes += 1
+            self._probed_version = str(getattr(found, "server_version", "") or "")
             now = Kept.of(found)
             with self._lock:
                 before, self._kept = self._kept, now
@@ -297,7 +305,16 @@ class ServerFeatures:
                     self._log.error("server feature listener failed", error=repr(exc))
 
     def reconnected(self) -> None:
-        """The publisher reached the server again after an outage: it may be another one."""
+        """The publisher reached the server again after an outage: it may be another one —
+        unless it answers with the version the last probe saw."""
+        if self._version is not None and self._probed_version and self.kept.probed:
+            try:
+                version = self._version()
+            except Exception as exc:
+                self._log.info("API server version unknown; not re-probing", error=str(exc))
+                return  # unreachable again: the next reconnect asks again
+            if version == self._probed_version:
+                return
         self.reprobe("reconnect")
 
     def fields_dropped(self, slice_name: str, fields: list[str]) -> None:

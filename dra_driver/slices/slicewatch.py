@@ -39,6 +39,7 @@ class SliceWatch:
     _watch_timeout_s: float
     _outage: bool
     _on_watch: Callable[[bool], None] | None
+    _watch_backoff: Backoff
 
     if TYPE_CHECKING:
 
@@ -48,7 +49,7 @@ class SliceWatch:
 
     def _watch_loop(self) -> None:
         """Wake the reconcile loop when someone else changes or deletes one of our slices."""
-        failures = Backoff(initial_s=0.2, max_s=30.0)
+        failures = self._watch_backoff
         while not self._stop.is_set():
             start = self._watch_from
             if start is None:

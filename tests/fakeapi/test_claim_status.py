@@ -198,7 +198,7 @@ def test_over_http_through_the_client(
             def library(*args: Any, **kwargs: Any) -> Any:
                 raise AssertionError("the status apply went through the client library")
 
-            monkeypatch.setattr(client._client, "call_api", library)
+            monkeypatch.setattr(client._client, "call_api", library, raising=False)
         try:
             got = client.apply_resource_claim_status("team", "c", patch(entry("gpu-0")), OURS)
             assert [e["device"] for e in got["status"]["devices"]] == ["gpu-0"]

@@ -138,3 +138,22 @@ def test_a_pool_that_cannot_reach_the_server_leaves_the_error_to_requests(
     assert http._keeper is not None
     http._keeper.join(timeout=WAIT_S)
     assert not http._keeper.is_alive()
+
+
+def test_only_the_warm_connections_are_kept_open_while_idle(
+    serve: Callable[..., fakeserver.FakeApiServer], bundle: certs.Bundle
+) -> None:
+    """A fleet's idle cost: every connection kept open costs the server a ping per keep-alive
+    period per node, so of the connections opened at start only ``warm`` are kept."""
+    server = serve()
+    http = client(server, bundle)
+    http.start_pool(4, keepalive_s=0.3, warm=1)
+    wait_for(lambda: server.stats()["connections"] == 4, "four connections opened at start")
+    wait_for(lambda: len(idle(http)) == 1, "the idle ones beyond the warm one closed")
+    pings = lambda: server.requests.snapshot()[0]["requests"]  # noqa: E731
+    first = pings()
+    wait_for(lambda: pings() >= first + 2, "the warm one pinged on")
+    assert [r["resource"] for r in server.requests.snapshot()] == ["/version"]
+    assert len(idle(http)) == 1 and server.stats()["connections"] == 4  # none re-opened
+    assert http.request("GET", "/version").status == 200  # a request still finds one
+    http.close()

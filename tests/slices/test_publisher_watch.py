@@ -180,7 +180,7 @@ def test_a_watch_the_server_ends_at_once_is_reopened_with_backoff(
     if waits:
         assert len(backoff) == 3
         for step, delay in enumerate(backoff):
-            base = 0.2 * 2**step
+            base = publisher.WATCH_RETRY_S[0] * 2**step
             assert delay is not None and base / 2 <= delay <= base
     else:
         assert backoff == []
@@ -208,9 +208,10 @@ def test_a_refused_watch_is_logged_and_retried_with_backoff(
     assert heard == [False, False, True]
     assert pub._watch_from == "8"
     first, second, third = stop.waits[:3]
-    assert first is not None and 0.1 <= first <= 0.2
-    assert second is not None and 0.2 <= second <= 0.4
-    assert third is not None and 0.4 <= third <= 0.8  # the opened watch ended at once
+    initial = publisher.WATCH_RETRY_S[0]
+    assert first is not None and initial / 2 <= first <= initial
+    assert second is not None and initial <= second <= 2 * initial
+    assert third is not None and 2 * initial <= third <= 4 * initial  # ended at once
 
 
 @pytest.mark.parametrize(("timeout", "ran"), [(30.0, 20.0), (30.0, 1.0), (1.0, 0.6), (1.0, 0.5)])
@@ -221,9 +222,10 @@ def test_a_watch_that_ran_a_while_and_broke_is_reopened_after_a_short_pause(
     steps: list[Step] = [(0.0, [], broke), (0.0, [], broke), (0.0, [], broke), (ran, [], broke)]
     _, _, stop, log = watch_loop(monkeypatch, steps, watch_timeout_s=timeout)
     third, fourth = stop.waits[2:4]
-    assert third is not None and 0.4 <= third <= 0.8  # broke at once: backing off
+    initial = publisher.WATCH_RETRY_S[0]
+    assert third is not None and 2 * initial <= third <= 4 * initial  # broke at once: backing off
     # ran at least min(1 s, half its timeout): the backoff starts over
-    assert fourth is not None and 0.1 <= fourth <= 0.2
+    assert fourth is not None and initial / 2 <= fourth <= initial
     assert len(events(log, "watch of ResourceSlices failed")) == 4
 
 
@@ -234,7 +236,8 @@ def test_a_watch_that_broke_soon_after_it_opened_keeps_backing_off(
     steps: list[Step] = [(0.0, [], broke), (0.0, [], broke), (0.0, [], broke), (0.45, [], broke)]
     _, _, stop, _ = watch_loop(monkeypatch, steps, watch_timeout_s=1.0)
     fourth = stop.waits[3]
-    assert fourth is not None and 0.8 <= fourth <= 1.6
+    initial = publisher.WATCH_RETRY_S[0]
+    assert fourth is not None and 4 * initial <= fourth <= 8 * initial
 
 
 @pytest.mark.parametrize(
@@ -279,7 +282,8 @@ def test_an_error_event_relists(monkeypatch: pytest.MonkeyPatch) -> None:
     steps: list[Step] = [(0.0, [gone, modified("x", "99")], None)]
     pub, kube, stop, log = watch_loop(monkeypatch, steps)
     # it ended at once (backoff), then there is no position until the next list
-    assert stop.waits[1:] == [0.05] and 0.1 <= (stop.waits[0] or 0) <= 0.2
+    initial = publisher.WATCH_RETRY_S[0]
+    assert stop.waits[1:] == [0.05] and initial / 2 <= (stop.waits[0] or 0) <= initial
     assert events(log, "watch of ResourceSlices ended with an error; re-listing") == [
         ("info", {"code": 410, "reason": "Expired"})
     ]

@@ -227,3 +227,43 @@ def test_refusals_name_the_flag_and_the_gate() -> None:
         dynamic_mig=migprofiles.DynamicMig.parse("all"),
         shareable=shares.Shareable.parse("all"),
     )
+
+
+@dataclasses.dataclass
+class Versioned(Found):
+    server_version: str = "v1.36.2"
+
+
+def test_a_reconnect_reprobes_only_when_the_server_version_changed() -> None:
+    """A fleet reconnecting after an API server restart must not send each two dry-run creates
+    for nothing: a cheap version check decides."""
+    probe = Probe(Versioned(), Versioned(device_taints=False, server_version="v1.37.0"))
+    version = ["v1.36.2"]
+    asked: list[str] = []
+
+    def server_version() -> str:
+        asked.append(version[0])
+        return version[0]
+
+    found = serverfeatures.ServerFeatures(
+        probe=probe, log=structlog.get_logger(), version=server_version
+    )
+    found.start()
+    found.reconnected()
+    found.reconnected()
+    assert found.probes == 1 and asked == ["v1.36.2", "v1.36.2"]  # same server: no probe
+    version[0] = "v1.37.0"  # upgraded meanwhile
+    found.reconnected()
+    assert found.probes == 2
+    assert found.kept.device_taints is False
+
+
+def test_without_a_successful_probe_every_reconnect_probes() -> None:
+    probe = Probe(RuntimeError("unreachable"), Versioned())
+    found = serverfeatures.ServerFeatures(
+        probe=probe, log=structlog.get_logger(), version=lambda: "v1.36.2"
+    )
+    found.start()
+    assert found.probes == 0
+    found.reconnected()  # the first probe failed: this one must run
+    assert found.probes == 1 and found.kept.probed

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from dra_driver.testing.fakeapi import discovery, featuregates, httpserver, memory, resthandler
+from dra_driver.testing.fakeapi import (
+    discovery,
+    featuregates,
+    httpserver,
+    memory,
+    requestlog,
+    resthandler,
+)
 
 if TYPE_CHECKING:
     from dra_driver.testing.fakeapi import certs
@@ -49,12 +56,15 @@ class FakeApiServer:
         served_versions: Iterable[str] = ("v1",),
         denied: Iterable[tuple[str, str]] = (),
         access_reviews: bool = True,
+        requests: requestlog.RequestLog | None = None,
     ) -> None:
         """``tls``: serve HTTPS and require a client certificate of that bundle's CA;
         ``idle_timeout_s``: close a kept-alive connection idle that long (None: never);
         ``disabled_gates``: DRA feature gates off in the API served (:mod:`.featuregates`);
         ``served_versions`` of ``resource.k8s.io``, ``(verb, resource)`` access reviews
-        ``denied``, or no ``access_reviews`` served at all (:mod:`.discovery`)."""
+        ``denied``, or no ``access_reviews`` served at all (:mod:`.discovery`); ``requests``:
+        the log requests are counted in (:mod:`.requestlog`; pass the last server's to a
+        restarted one to go on counting)."""
         if api_ is None:
             api_ = memory.InMemoryApi(disabled_gates=disabled_gates or ())
         elif disabled_gates is not None and frozenset(disabled_gates) != api_.disabled_gates:
@@ -70,6 +80,8 @@ class FakeApiServer:
         self._httpd.api = self.api
         self._httpd.token = token
         self._httpd.served = discovery.Served.of(served_versions, denied, reviews=access_reviews)
+        self.requests = requests or requestlog.RequestLog()
+        self._httpd.requests = self.requests
         self.token = token
         self._thread: threading.Thread | None = None
 

@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any
 
-from dra_driver.testing.fakeapi import discovery, memory
+from dra_driver.testing.fakeapi import discovery, memory, requestlog
 
 
 class Server(http.server.ThreadingHTTPServer):
@@ -28,6 +28,7 @@ class Server(http.server.ThreadingHTTPServer):
     api: memory.InMemoryApi  # what the handler serves
     token: str | None  # the bearer token the handler requires, if any
     served: discovery.Served  # resource.k8s.io versions served, access reviews denied
+    requests: requestlog.RequestLog  # what was asked, by verb and resource
 
     def __init__(
         self,
@@ -83,8 +84,9 @@ class Server(http.server.ThreadingHTTPServer):
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hung up (reset, broken pipe) is no server error; others are printed."""
-        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+        """A client that hung up (reset, broken pipe, TLS cut off) is no server error; others
+        are printed."""
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError | ssl.SSLEOFError):
             return
         super().handle_error(request, client_address)
 

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from dra_driver.kube import api
-from dra_driver.testing.fakeapi import discovery, httpserver, nodes, objectroutes
+from dra_driver.testing.fakeapi import discovery, httpserver, nodes, objectroutes, requestlog
 
 _GROUP = "/apis/resource.k8s.io/v1"
 _ROUTES: list[tuple[str, re.Pattern[str]]] = [
@@ -39,6 +39,7 @@ _ROUTES: list[tuple[str, re.Pattern[str]]] = [
     ("group", re.compile(rf"^/apis/{discovery.GROUP}/?$")),
     ("review", re.compile(rf"^{discovery.REVIEW_PATH}$")),
     ("stats", re.compile(r"^/fakeapi/stats$")),
+    ("requests", re.compile(r"^/fakeapi/requests$")),
 ]
 # What GET /version answers (the release the wire contracts were checked against).
 VERSION = {
@@ -104,6 +105,15 @@ class RequestHandler(http.server.BaseHTTPRequestHandler):
         parsed = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(parsed.query))
         body = self._body()
+        self._tally: requestlog.Tally | None = None
+        if not parsed.path.startswith("/fakeapi/"):  # the kit's own paths are not counted
+            verb, resource = requestlog.classify(method, parsed.path, query)
+            self._tally = self.server.requests.record(
+                verb,
+                resource,
+                dry_run="dryRun" in query,
+                bytes_in=int(self.headers.get("Content-Length") or 0),
+            )
         token = self.server.token
         try:
             if token and self.headers.get("Authorization") != f"Bearer {token}":
@@ -200,6 +210,8 @@ class RequestHandler(http.server.BaseHTTPRequestHandler):
             self._json(201, self.server.served.access_review(body))
         elif route == "stats" and method == "GET":
             self._json(200, self.server.stats())
+        elif route == "requests" and method == "GET":
+            self._json(200, {"requests": self.server.requests.snapshot()})
         else:
             raise api.ApiError(405, f"method {method} not allowed here", reason="MethodNotAllowed")
 
@@ -244,6 +256,7 @@ class RequestHandler(http.server.BaseHTTPRequestHandler):
             for event in events:
                 line = json.dumps({"type": event.type, "object": event.object}) + "\n"
                 data = line.encode()
+                self._sent(len(data))
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
@@ -283,8 +296,14 @@ class RequestHandler(http.server.BaseHTTPRequestHandler):
             return yaml.safe_load(data)  # an apply patch is YAML (JSON is YAML too)
         return json.loads(data)
 
+    def _sent(self, count: int) -> None:
+        tally = getattr(self, "_tally", None)
+        if tally is not None:
+            self.server.requests.sent(tally, count)
+
     def _json(self, code: int, obj: Any) -> None:
         data = json.dumps(obj).encode()
+        self._sent(len(data))
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
