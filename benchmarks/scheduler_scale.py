@@ -36,8 +36,9 @@ attribute and capacity of a converted device once, and of a device a selector is
 twice (``selectorsMatch`` converts the device for each expression, ``cel.DeviceMatches`` builds
 the map of all its attributes), so a device's size and the number of expressions evaluated on
 it count (``dra_driver.allocation.schedwork``). ``pods/s x plain`` is plain's cost over a
-design's: the throughput ratio the cost predicts (real v1.36.2 scheduler, 1,000 nodes: set
-ranks 0.51x of plain; the cost says 0.47x).
+design's: the throughput ratio the cost predicts (real v1.36.2 scheduler, 1,000 nodes: the
+per-size set ranks 0.51x of plain; the cost says 0.47x; the shipped design 0.93x by the cost,
+0.81x on stale ranks, not yet timed on a real scheduler).
 
 Run: ``python benchmarks/scheduler_scale.py [--nodes 1,50,200,1000] [--pods 300]
 [--designs plain,sets-v2] [--pick first|spread]``; the cost at 1,000 nodes, 1,000 pods:
