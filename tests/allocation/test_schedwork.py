@@ -477,3 +477,34 @@ def test_pools_gather_agrees_on_what_a_node_can_use() -> None:
         ("a", 2, 0),
         ("b", 0, 2),
     ]
+
+
+def test_claims_of_the_per_size_version_take_any_and_the_class_must_be_there() -> None:
+    """After the upgrade no GPU carries ``setRank<N>``: a claim written by the previous version
+    still schedules, through ``any`` (the first free GPUs, not the best). The generated claim
+    needs ``gpu-ranked.nvidia.com``: without it the claim is not allocated (hence the chart
+    value and ``--without-ranked-class`` go together), and the fallback claim is."""
+    bench = load_benchmark()
+    devices = fake.FakeBackend.from_name("dgx-1-v100").discover()
+    slices = build.build(devices, node_name=NODE, taken={"gpu-0"}).slices
+    classes = simulator.builtin_classes()
+
+    def results(claim: dict[str, Any], classes: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        outcome = allocator.allocate(
+            claim,
+            slices=slices,
+            classes=classes,
+            node_name=NODE,
+            allocated={(DRIVER, NODE, "gpu-0")},
+            node_devices=devices,
+        )
+        got = outcome.allocation["devices"]["results"] if outcome.allocation else []
+        return [(r["request"], r["device"]) for r in got]
+
+    old = bench.rank_claim(4, packed=False, one_selector=False)
+    assert results(old, classes) == [("gpus/any", f"gpu-{i}") for i in (1, 2, 3, 4)]
+    best = [("gpus/rank1", f"gpu-{i}") for i in (4, 5, 6, 7)]  # the free quad with 9 links
+    assert results(claimgen.claim(4), classes) == best
+    without = [c for c in classes if c["metadata"]["name"] != claimgen.RANKED_CLASS]
+    assert results(claimgen.claim(4), without) == []
+    assert results(claimgen.claim(4, ranked_class=None), without) == best
