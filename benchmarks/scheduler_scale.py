@@ -17,29 +17,33 @@ Designs (how every node publishes; the claim each pod has):
   shared counters, 3 slices; ``fixtures/gpu-sets-v2-dgx-h100.json.gz``); the generated claim of
   that version (``fixtures/claim-v2-gpus-4.json``: one 4-GPU set, else ``count: 4``);
 * ``sets-v2+count4``: the same slices, a plain ``count: 4`` claim;
-* ``ranks-caught-up`` / ``ranks-stale``: GPUs with ``setRank<N>`` attributes, no set devices,
-  no counters (``build.build(..., taken=...)``); the generated claim (``claimgen.claim(4)``).
-  Caught up: each node republishes with its allocated GPUs as taken after every allocation on
-  it; stale: the slices published before the burst stay for the whole run;
-* prototypes of a cheaper rank design, the same ranks and picks (``tests/allocation/
-  test_schedwork.py``): ``one-selector``: the rank subrequests name a class without selectors
-  and test the driver in their own selector (one CEL evaluation per device and subrequest
-  instead of the class's and the rank's); ``packed``: one int attribute ``setRanks`` (digit N,
-  from the right, is the rank for N GPUs) instead of one ``setRank<N>`` per size;
-  ``packed-one-selector`` both, ``packed-one-selector-stale`` both on stale ranks.
+* ``ranks-caught-up`` / ``ranks-stale``: what ships: GPUs with their set ranks packed in one
+  int attribute ``setRanks`` (digit N, from the right, is the rank for N GPUs), no set
+  devices, no counters (``build.build(..., taken=...)``); the generated claim
+  (``claimgen.claim(4)``: rank subrequests on the selector-less class ``gpu-ranked.nvidia.com``,
+  each with one selector testing the driver and the digit). Caught up: each node republishes
+  with its allocated GPUs as taken after every allocation on it; stale: the slices published
+  before the burst stay for the whole run;
+* ``ranks-without-class``: the same slices, the claim ``dra-driver claim
+  --without-ranked-class`` writes (rank subrequests on ``gpu.nvidia.com``: its selector and the
+  digit's, two evaluations per device and subrequest);
+* ``per-size`` / ``per-size-stale``: the design shipped before, for comparison: one int
+  attribute ``setRank<N>`` per size, rank subrequests on ``gpu.nvidia.com`` testing
+  ``setRank<N>``; ``per-size-one-selector``: those attributes with the one-selector claim.
 
 Besides the loop counts, ``cost`` weighs what the real allocator copies per device: every
 attribute and capacity of a converted device once, and of a device a selector is evaluated on
 twice (``selectorsMatch`` converts the device for each expression, ``cel.DeviceMatches`` builds
 the map of all its attributes), so a device's size and the number of expressions evaluated on
 it count (``dra_driver.allocation.schedwork``). ``pods/s x plain`` is plain's cost over a
-design's: the throughput ratio the cost predicts (real v1.36.2 scheduler, 1,000 nodes: set
-ranks 0.51x of plain; the cost says 0.47x).
+design's: the throughput ratio the cost predicts (real v1.36.2 scheduler, 1,000 nodes: the
+per-size set ranks 0.51x of plain; the cost says 0.47x; the shipped design 0.93x by the cost,
+0.81x on stale ranks, not yet timed on a real scheduler).
 
 Run: ``python benchmarks/scheduler_scale.py [--nodes 1,50,200,1000] [--pods 300]
 [--designs plain,sets-v2] [--pick first|spread]``; the cost at 1,000 nodes, 1,000 pods:
-``--nodes 1000 --pods 1000 --designs plain,ranks-caught-up,ranks-stale,one-selector,packed,
-packed-one-selector,packed-one-selector-stale``. Counts are exact for the emulation; wall
+``--nodes 1000 --pods 1000 --designs plain,ranks-caught-up,ranks-stale,ranks-without-class,
+per-size,per-size-stale,per-size-one-selector``. Counts are exact for the emulation; wall
 times are of this Python emulation (memoized), not of the scheduler.
 """
 
@@ -72,10 +76,10 @@ DESIGNS = (
     "sets-v2+count4",
     "ranks-caught-up",
     "ranks-stale",
-    "one-selector",
-    "packed",
-    "packed-one-selector",
-    "packed-one-selector-stale",
+    "ranks-without-class",
+    "per-size",
+    "per-size-stale",
+    "per-size-one-selector",
 )
 LABELS = {
     "plain": "plain",
@@ -83,23 +87,15 @@ LABELS = {
     "sets-v2+count4": "sets-v2 + count:4",
     "ranks-caught-up": "ranks (agent caught up)",
     "ranks-stale": "ranks (burst, stale)",
-    "one-selector": "ranks, one selector (caught up)",
-    "packed": "packed ranks (caught up)",
-    "packed-one-selector": "packed, one selector (caught up)",
-    "packed-one-selector-stale": "packed, one selector (stale)",
+    "ranks-without-class": "ranks, no gpu-ranked class (caught up)",
+    "per-size": "per-size ranks, before (caught up)",
+    "per-size-stale": "per-size ranks, before (stale)",
+    "per-size-one-selector": "per-size ranks, one selector (caught up)",
 }
-# The prototypes of a cheaper rank design (docs/topology.md, "What it costs the scheduler"):
-# ``one-selector``: the rank subrequests name a class without selectors and test the driver in
-# their own selector (one CEL evaluation per device and subrequest, not two); ``packed``: one
-# int attribute ``setRanks`` holds every size's rank as a decimal digit (digit N, counted from
-# the right, is the rank among the best N-sets), in place of one ``setRank<N>`` per size.
-ANY_CLASS = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": "any-device.example.com"},
-    "spec": {},
-}
+# The design shipped before (docs/topology.md, "What it costs the scheduler"): every size's rank
+# in its own int attribute ``setRank<N>``, the rank subrequests on ``gpu.nvidia.com``.
 PACKED = "setRanks"
+PER_SIZE = "setRank"
 # The class the v2 claim asks for; shipped with v2, kept here should the tree drop it.
 SET_CLASS = {
     "apiVersion": "resource.k8s.io/v1",
@@ -160,7 +156,7 @@ def designs(
     run (the v2 sets' claim is recorded for 4 GPUs only)."""
     devices = fake.FakeBackend.from_name(PROFILE).discover()
     builtin = simulator.builtin_classes()
-    classes = simulator.merge_classes([SET_CLASS, ANY_CLASS], builtin)
+    classes = simulator.merge_classes([SET_CLASS], builtin)
     node = schedloop.TEMPLATE_NODE
     out: list[schedloop.Design] = []
     notes: list[str] = []
@@ -183,11 +179,12 @@ def designs(
         elif not ranks_available():
             notes.append(f"{label}: skipped, build.build has no taken= in this tree")
         else:
-            packed = name.startswith("packed")
+            packed = not name.startswith("per-size")
+            one_selector = name != "ranks-without-class" and (packed or "one-selector" in name)
             out.append(
                 schedloop.Design(
                     label,
-                    prototype_claim(gpus, packed=packed, one_selector="one-selector" in name),
+                    rank_claim(gpus, packed=packed, one_selector=one_selector),
                     _ranked(devices, packed=packed),
                     classes,
                     follows_allocations=not name.endswith("stale"),
@@ -196,55 +193,48 @@ def designs(
     return out, notes
 
 
-def prototype_claim(gpus: int, *, packed: bool, one_selector: bool) -> Obj:
-    """The generated claim, or a prototype of a cheaper one (see :data:`ANY_CLASS`)."""
-    claim: Obj = claimgen.claim(gpus)
-    if not (packed or one_selector):
+def rank_claim(gpus: int, *, packed: bool = True, one_selector: bool = True) -> Obj:
+    """The generated claim (packed, one selector), the one ``--without-ranked-class`` writes
+    (packed, not one selector), or the per-size design's (``packed=False``)."""
+    ranked_class = claimgen.RANKED_CLASS if one_selector else None
+    claim: Obj = claimgen.claim(gpus, ranked_class=ranked_class)
+    if packed:
         return claim
-    for sub in claim["spec"]["devices"]["requests"][0]["firstAvailable"]:
-        if not sub["name"].startswith("rank"):
-            continue
-        rank = int(sub["name"][len("rank") :])
-        attrs = f'device.attributes["{DRIVER}"]'
-        if packed:
-            test = f"{attrs}.?{PACKED}.orValue(0) / {10 ** (gpus - 1)} % 10 == {rank}"
-        else:
-            test = f"{attrs}.?setRank{gpus}.orValue(0) == {rank}"
-        if one_selector:
-            sub["deviceClassName"] = ANY_CLASS["metadata"]["name"]
-            test = f'device.driver == "{DRIVER}" && {test}'
-        sub["selectors"] = [{"cel": {"expression": test}}]
+    for sub in claim["spec"]["devices"].get("requests", [{}])[0].get("firstAvailable", ()):
+        if sub["name"].startswith("rank"):
+            rank = int(sub["name"][len("rank") :])
+            test = f'device.attributes["{DRIVER}"].?{PER_SIZE}{gpus}.orValue(0) == {rank}'
+            if one_selector:
+                test = f'device.driver == "{DRIVER}" && {test}'
+            sub["selectors"] = [{"cel": {"expression": test}}]
     return claim
 
 
-def pack(slices: list[Obj]) -> list[Obj]:
-    """The slices with every GPU's ``setRank<N>`` attributes folded into one ``setRanks``."""
+def per_size(slices: list[Obj]) -> list[Obj]:
+    """The slices with every GPU's ``setRanks`` spread into one ``setRank<N>`` per size (the
+    design shipped before): N from 1 to the ranked GPUs minus one, as the agent ranked them."""
     out = json.loads(json.dumps(slices))
-    for sl in out:
-        for dev in sl["spec"].get("devices") or ():
-            attrs = dev["attributes"]
-            ranks = {
-                int(k[len("setRank") :]): v["int"]
-                for k, v in attrs.items()
-                if k.startswith("setRank")
-            }
-            if not ranks:
-                continue
-            for size in ranks:
-                del attrs[f"setRank{size}"]
-            attrs[PACKED] = {"int": sum(r * 10 ** (n - 1) for n, r in ranks.items())}
+    devices = [d for sl in out for d in sl["spec"].get("devices") or ()]
+    sizes = range(1, sum(PACKED in d["attributes"] for d in devices))
+    for dev in devices:
+        attrs = dev["attributes"]
+        packed = attrs.pop(PACKED, None)
+        if packed is not None:
+            for size in sizes:
+                attrs[f"{PER_SIZE}{size}"] = {"int": packed["int"] // 10 ** (size - 1) % 10}
+            dev["attributes"] = dict(sorted(attrs.items()))
     return out
 
 
 def _ranked(
-    devices: model.NodeDevices, *, packed: bool = False
+    devices: model.NodeDevices, *, packed: bool = True
 ) -> Callable[[frozenset[str]], list[Obj]]:
     def publish(allocated: frozenset[str]) -> list[Obj]:
         gpus = frozenset(g.name for g in devices.gpus if g.name in allocated)
         built: list[Obj] = build.build(  # type: ignore[call-arg,unused-ignore]
             devices, node_name=schedloop.TEMPLATE_NODE, taken=gpus
         ).slices
-        return pack(built) if packed else built
+        return built if packed else per_size(built)
 
     return publish
 

@@ -2,7 +2,7 @@
 
 Why it exists: a claim for one GPU takes the first free GPU under first fit, and on NVLink meshes
 that can break the node's best 4- or 8-GPU set for the next job. The agent publishes
-``setRank1`` (the free GPUs in the order whose loss hurts the best sets least,
+digit 1 of ``setRanks`` (the free GPUs in the order whose loss hurts the best sets least,
 ``dra_driver.devices.gpusets.singles``) and ``dra-driver claim --gpus 1`` asks for them first.
 This benchmark counts, per profile, how many optimal sets of the *largest job size* S (half the
 node's GPUs: 8 on the 16-GPU mesh, 4 on 8-GPU nodes, 2 on 4-GPU nodes; optimal = the empty

@@ -463,14 +463,13 @@ def attr(device: dict[str, Any], name: str) -> Any:
 
 
 def set_ranks(device: dict[str, Any]) -> dict[int, int]:
-    """A GPU's set ranks (docs/topology.md), ``{N: rank}`` from its setRank<N> attributes; 0
-    means in no ranked set: the agent gives every held or tainted GPU 0."""
-    ranks = {}
-    for name in device.get("attributes") or {}:
-        found = re.fullmatch(r"(?:.*/)?setRank(\d+)", name)
-        if found:
-            ranks[int(found.group(1))] = int(attr(device, name))
-    return ranks
+    """A GPU's set ranks (docs/topology.md), ``{N: rank}`` for N = 1..15 from the digits of its
+    ``setRanks`` attribute (digit N from the right); 0 means in no ranked set: the agent gives
+    every held or tainted GPU 0. ``{}`` when the GPU carries no ranks."""
+    value = attr(device, "setRanks")
+    if value is None:
+        return {}
+    return {size: int(value) // 10 ** (size - 1) % 10 for size in range(1, 16)}
 
 
 def results(claim: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,8 +18,9 @@ from dra_driver.allocation import claim, migexplain, pools, selection
 
 _REF = re.compile(
     r"device\.(attributes|capacity)\[\s*([\"'])([^\"']+)\2\s*\]"
-    r"\s*(?:\.\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*([\"'])([^\"']+)\5\s*\])"
-)
+    r"\s*(?:\.\??\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*([\"'])([^\"']+)\5\s*\])"
+)  # .name, .?name (optional) or ["name"]
+_PACKED_RANKS = "setRanks"  # slices.gpusets.PACKED_ATTRIBUTE: one digit per set size
 _MAX_NAMES = 8  # device names listed per reason
 
 
@@ -35,6 +36,9 @@ def _value_text(device: pools.Device, kind: str, domain: str, ident: str) -> str
         if key is None:
             return f"{name} is not set"
         value = key[1]
+        if ident == _PACKED_RANKS and key[0] == "int" and isinstance(value, int):
+            digits = " ".join(str(value // 10**n % 10) for n in range(len(str(value))))
+            return f"{name} is {value} (ranks for 1, 2, ... GPUs: {digits})"
         return (
             f"{name} is {value!r}"
             if isinstance(value, str) and key[0] == "string"

@@ -43,6 +43,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=claimgen.DEFAULT_DRIVER_NAME,
         help="driver whose attributes the selectors name (default %(default)s)",
     )
+    parser.add_argument(
+        "--without-ranked-class",
+        action="store_true",
+        help=f"for clusters without the {claimgen.RANKED_CLASS} DeviceClass (chart "
+        "deviceClasses.gpuRanked=false): the rank alternatives use the GPU class instead "
+        "(same picks, more scheduler work)",
+    )
     parser.add_argument("--output", "-o", choices=("yaml", "json"), default="yaml")
     parser.set_defaults(handler=run)
 
@@ -56,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             name=args.name,
             namespace=args.namespace,
             driver_name=args.driver_name,
+            ranked_class=None if args.without_ranked_class else claimgen.RANKED_CLASS,
         )
     except claimgen.ClaimGenError as err:
         return common.fail(str(err))

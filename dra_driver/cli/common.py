@@ -94,7 +94,7 @@ def add_dynamic_mig_flag(parser: argparse.ArgumentParser) -> None:
 
 def add_gpu_sets_flag(parser: argparse.ArgumentParser) -> None:
     """``--gpu-sets true|false|auto`` (env ``GPU_SETS``): mark every GPU with its set ranks
-    (``setRank<N>`` attributes, docs/topology.md) for the topology-best claims of ``dra-driver
+    (the ``setRanks`` attribute, docs/topology.md) for the topology-best claims of ``dra-driver
     claim``. Plain int attributes, which every API server keeps: ``auto`` (the default) is on;
     false publishes plain GPUs only."""
     from dra_driver.cli import env_default
@@ -106,8 +106,8 @@ def add_gpu_sets_flag(parser: argparse.ArgumentParser) -> None:
         const="true",
         default=env_default("GPU_SETS", "auto"),
         metavar="true|false|auto",
-        help="mark each GPU with its rank among the best free sets of N GPUs (setRank<N> "
-        "attributes) for the topology-best claims of `dra-driver claim`; plain attributes "
+        help="mark each GPU with its rank among the best free sets of N GPUs (setRanks "
+        "attribute) for the topology-best claims of `dra-driver claim`; plain attributes "
         "every API server keeps, so auto means on; false publishes plain GPUs "
         "(env GPU_SETS; default auto; docs/topology.md)",
     )

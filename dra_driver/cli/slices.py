@@ -185,10 +185,10 @@ def _summary(node: str, slices: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _rank_sizes(gpus: Sequence[Mapping[str, Any]]) -> list[int]:
-    """The set sizes the GPUs carry ``setRank<N>`` attributes for, ascending."""
-    prefix = gpusets.RANK_PREFIX
-    found = {k for d in gpus for k in d.get("attributes") or {} if k.startswith(prefix)}
-    return sorted(int(k[len(prefix) :]) for k in found if k[len(prefix) :].isdigit())
+    """The set sizes the GPUs' ``setRanks`` attributes rank, ascending: 1 up to the number of
+    GPUs carrying one, minus one (the agent ranks every size its full GPUs can form)."""
+    ranked = sum(gpusets.PACKED_ATTRIBUTE in (d.get("attributes") or {}) for d in gpus)
+    return list(range(1, min(ranked, gpusets.MAX_SIZE + 1)))
 
 
 def _type(device: Mapping[str, Any]) -> str | None:

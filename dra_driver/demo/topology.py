@@ -25,11 +25,12 @@ from dra_driver.demo import report as reporting
 from dra_driver.demo import rig as rigging
 from dra_driver.devices import fake, model
 from dra_driver.driver import claims
+from dra_driver.slices import gpusets
 from dra_driver.testing import kubeletsim as sim
 
 PROFILE = "dgx-1-v100"
 SIZE = 4
-RANK = f"setRank{SIZE}"
+RANK = f"setRanks digit {SIZE}"
 NAMESPACE = rigging.NAMESPACE
 Report = reporting.Report
 Slices = list[dict[str, Any]]
@@ -131,7 +132,7 @@ def _story(
 
 def _ranks(slices: Slices) -> dict[str, int]:
     return {
-        d["name"]: int(d["attributes"].get(RANK, {}).get("int", 0))
+        d["name"]: gpusets.rank_of(d["attributes"], SIZE)
         for s in slices
         for d in s["spec"].get("devices", [])
     }

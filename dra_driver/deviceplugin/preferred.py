@@ -7,8 +7,8 @@ so ``nvidia.com/gpu: 4`` on a DGX-1 gets a fully connected quad instead of the f
 With time-slicing replicas the set is spread over as many distinct GPUs (or MIG devices) as the
 size allows, preferring the least loaded ones when topology ties. A single whole GPU is the one
 whose loss leaves the node's best sets whole (:func:`dra_driver.devices.gpusets.singles`, the
-order the DRA side publishes as ``setRank1``): ``nvidia.com/gpu: 1`` no longer breaks the best
-quad of a DGX-1 or the best 8-GPU set of a 16-GPU mesh by taking the first free ID.
+order the DRA side publishes as digit 1 of ``setRanks``): ``nvidia.com/gpu: 1`` no longer breaks
+the best quad of a DGX-1 or the best 8-GPU set of a 16-GPU mesh by taking the first free ID.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which full GPUs the claims prepared on this node hold: a versioned set of GPU names, watched.
 
-Why it exists: every full GPU's device carries its set ranks (``setRank<N>``,
+Why it exists: every full GPU's device carries its set ranks (``setRanks``,
 :mod:`dra_driver.slices.gpusets`), computed over the GPUs that are free, so the published slices
 must follow the claims the node agent prepares and unprepares. The claim state
 (:class:`~dra_driver.driver.state.ClaimState`) writes a :class:`HeldGpus` after every prepare,

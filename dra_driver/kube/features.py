@@ -14,7 +14,7 @@ The fields probed, by gate: ``devices[].taints`` (DRADeviceTaints; health taints
 GPUs), ``sharedCounters`` and ``devices[].consumesCounters`` (DRAPartitionableDevices; dynamic
 MIG), ``devices[].allowMultipleAllocations`` and ``capacity.<name>.requestPolicy``
 (DRAConsumableCapacity; GPU shares). Binding conditions (DRADeviceBindingConditions) are not
-probed: we publish none. Set ranks (``setRank<N>``) are plain int attributes: no gate.
+probed: we publish none. Set ranks (``setRanks``) are a plain int attribute: no gate.
 
 An adapter like :mod:`dra_driver.kube.client`: it talks to the server through the narrow
 :class:`ServerApi` (which :class:`~dra_driver.kube.client.KubeClient` implements) and imports

@@ -9,7 +9,7 @@ is left out and reported, so one bad device never hides the others.
 
 Layout of the pool: the devices in order, one per full GPU or MIG device (by minor); 128 per
 slice, 64 once a device has taints or consumes counters. Every full GPU carries its set ranks
-(``setRank<N>``, :mod:`.gpusets`), computed for the GPUs the agent sees free (``taken``: held by
+(``setRanks``, :mod:`.gpusets`), computed for the GPUs the agent sees free (``taken``: held by
 claims it prepared; tainted GPUs are never free). GPUs handed to dynamic MIG are published as their
 full GPU plus one device per MIG profile placement, with a counter set each, in slices of their
 own (:mod:`dra_driver.slices.migslices`); nothing else uses shared counters.
@@ -67,7 +67,7 @@ def build(
 ) -> Build:
     """The complete desired set of ResourceSlices for ``node_name``: one pool named after it.
 
-    ``gpu_sets=False`` leaves out the set ranks (``setRank<N>`` attributes): plain devices.
+    ``gpu_sets=False`` leaves out the set ranks (the ``setRanks`` attribute): plain devices.
     ``taken``: names of full GPUs held by claims (the ranks are of the other GPUs).
     ``decorate`` is a pass over all device entries before they are checked and split into
     slices (e.g. :func:`dra_driver.slices.taints.decorator` adds the taints of unhealthy GPUs;
@@ -156,14 +156,13 @@ def _shape(device: Obj) -> Obj:
     """``device`` as far as its validity goes: a rank's value (any int) never makes a device
     valid or invalid, so re-ranked GPUs find their verdict too."""
     attrs = device.get("attributes") or {}
-    if not any(k.startswith(gpusets.RANK_PREFIX) for k in attrs):
+    if gpusets.PACKED_ATTRIBUTE not in attrs:
         return device
-    zeroed = {k: {"int": 0} if k.startswith(gpusets.RANK_PREFIX) else v for k, v in attrs.items()}
-    return {**device, "attributes": zeroed}
+    return {**device, "attributes": {**attrs, gpusets.PACKED_ATTRIBUTE: {"int": 0}}}
 
 
 def _ranked(device: Obj) -> bool:
-    return any(k.startswith(gpusets.RANK_PREFIX) for k in device.get("attributes") or {})
+    return gpusets.PACKED_ATTRIBUTE in (device.get("attributes") or {})
 
 
 def split(devices: list[Obj]) -> list[list[Obj]]:

@@ -2,7 +2,7 @@
 by prepared claims change.
 
 Why it exists: an unhealthy GPU must show up as a device taint in the published slices within
-seconds, and a recovered one must lose it; and every full GPU's set ranks (``setRank<N>``,
+seconds, and a recovered one must lose it; and every full GPU's set ranks (``setRanks``,
 docs/topology.md) are ranks among the *free* GPUs, so they must follow the claims this agent
 prepares and unprepares (:mod:`dra_driver.devices.holdings`). The publisher is declarative
 (``set_desired``: the complete desired set; it writes only what differs and bumps the pool

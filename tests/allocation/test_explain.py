@@ -157,3 +157,19 @@ def test_all_mode_lists_busy_devices_only() -> None:
         "1 of them usable",
         "  gpu-3: allocated to another claim",
     ]
+
+
+def test_rank_selectors_show_the_packed_ranks_digit_by_digit() -> None:
+    """The generated claim's rank selector reads ``setRanks`` through ``.?`` (optional): the
+    explanation still names its value, digit by digit from the single-GPU rank up."""
+    from dra_driver.allocation import claimgen
+
+    ranked = [device("gpu-0", setRanks=1234), device("gpu-1")]
+    expression = claimgen.rank_expression(2, 1, DRIVER, claimgen.RANKED_CLASS)
+    lines = explain(rclaim(request("gpu", expression, count=1)), slices=[rslice(ranked)])
+    assert lines == [
+        "request gpu: needs 1 device of class gpu; 0 of 2 usable",
+        "  gpu-0: selectors[0] false: setRanks is 1234 (ranks for 1, 2, ... GPUs: 4 3 2 1), "
+        "driver is 'gpu.nvidia.com'",
+        "  gpu-1: selectors[0] false: setRanks is not set, driver is 'gpu.nvidia.com'",
+    ]

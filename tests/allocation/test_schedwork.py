@@ -29,6 +29,7 @@ from claimkit import (
 
 from dra_driver.allocation import (
     allocator,
+    claimgen,
     firstfit,
     gatherwork,
     pools,
@@ -405,14 +406,13 @@ def test_the_benchmark_takes_the_gpus_per_pod(capsys: pytest.CaptureFixture[str]
 
 
 def test_the_cost_puts_set_ranks_where_the_real_scheduler_measured_them() -> None:
-    """At 1,000 DGX H100 nodes a real kube-scheduler bound 4.4 pods/s with set ranks and 8.7
-    with plain GPUs (0.51x). The allocator's loop counts alone put ranks at 1.2-1.6x of plain;
-    the cost, which weighs the attributes every conversion and CEL evaluation copies, puts them
-    near 0.5x, and the packed one-selector prototype at 0.8x or better, stale ranks included."""
+    """At 1,000 DGX H100 nodes a real kube-scheduler bound 4.4 pods/s with the per-size set
+    ranks shipped before and 8.7 with plain GPUs (0.51x). The allocator's loop counts alone put
+    those ranks at 1.2-1.6x of plain; the cost, which weighs the attributes every conversion and
+    CEL evaluation copies, puts them near 0.5x, and the shipped design (packed ranks, one
+    selector) at 0.8x or better, stale ranks included."""
     bench = load_benchmark()
-    chosen, notes = bench.designs(
-        ["plain", "ranks-caught-up", "packed-one-selector", "packed-one-selector-stale"]
-    )
+    chosen, notes = bench.designs(["plain", "per-size", "ranks-caught-up", "ranks-stale"])
     assert notes == []
     per_pod = {}
     for design in chosen:
@@ -420,22 +420,26 @@ def test_the_cost_puts_set_ranks_where_the_real_scheduler_measured_them() -> Non
         assert result.bound == 40
         per_pod[design.name] = (result.work.total / 40, result.work.cost / 40)
     plain = per_pod["plain"]
-    ranks = per_pod["ranks (agent caught up)"]
-    assert ranks[0] / plain[0] < 1.6  # loops alone: far less than the real scheduler saw
-    assert 0.4 < plain[1] / ranks[1] < 0.55  # cost: the measured 0.51x
-    for name in ("packed, one selector (caught up)", "packed, one selector (stale)"):
+    before = per_pod["per-size ranks, before (caught up)"]
+    assert before[0] / plain[0] < 1.6  # loops alone: far less than the real scheduler saw
+    assert 0.4 < plain[1] / before[1] < 0.55  # cost: the measured 0.51x
+    for name in ("ranks (agent caught up)", "ranks (burst, stale)"):
         assert plain[1] / per_pod[name][1] >= 0.8, name
 
 
-@pytest.mark.parametrize(("profile", "sizes"), [("dgx-1-v100", (2, 3, 4)), ("hgx-16-mesh", (4, 8))])
-def test_the_packed_prototype_picks_what_the_shipped_claim_picks(
+@pytest.mark.parametrize(
+    ("profile", "sizes"), [("dgx-1-v100", (1, 2, 3, 4)), ("hgx-16-mesh", (4, 8))]
+)
+def test_the_shipped_claim_picks_what_the_per_size_design_picked(
     profile: str, sizes: tuple[int, ...]
 ) -> None:
-    """The cheaper prototype keeps the optimal picks: on the same occupancies its claim (one
-    selector on the packed ``setRanks`` digit) gets exactly the shipped claim's GPUs."""
+    """The cheap design keeps the optimal picks: on the same occupancies the generated claim
+    (one selector on the packed ``setRanks`` digit, class ``gpu-ranked.nvidia.com``), the one
+    written without that class, and the per-size design's claim on ``setRank<N>`` attributes
+    all get the same GPUs by the same alternative."""
     bench = load_benchmark()
     devices = fake.FakeBackend.from_name(profile).discover()
-    classes = simulator.merge_classes([bench.ANY_CLASS], simulator.builtin_classes())
+    classes = simulator.builtin_classes()
     rng = random.Random(3)
     for size in sizes:
         for _ in range(12):
@@ -445,8 +449,9 @@ def test_the_packed_prototype_picks_what_the_shipped_claim_picks(
             shipped = build.build(devices, node_name=NODE, taken=set(held)).slices
             got = []
             for claim, slices in (
-                (bench.prototype_claim(size, packed=False, one_selector=False), shipped),
-                (bench.prototype_claim(size, packed=True, one_selector=True), bench.pack(shipped)),
+                (bench.rank_claim(size, packed=False, one_selector=False), bench.per_size(shipped)),
+                (claimgen.claim(size), shipped),
+                (claimgen.claim(size, ranked_class=None), shipped),
             ):
                 outcome = allocator.allocate(
                     claim,
@@ -460,7 +465,8 @@ def test_the_packed_prototype_picks_what_the_shipped_claim_picks(
                 got.append(
                     [(r["request"], r["device"]) for r in outcome.allocation["devices"]["results"]]
                 )
-            assert got[0] == got[1], (profile, size, held)
+            assert got[0] == got[1] == got[2], (profile, size, held)
+            assert held or got[1][0][0] == "gpus/rank1"  # an empty node: its best set
 
 
 def test_pools_gather_agrees_on_what_a_node_can_use() -> None:
@@ -471,3 +477,34 @@ def test_pools_gather_agrees_on_what_a_node_can_use() -> None:
         ("a", 2, 0),
         ("b", 0, 2),
     ]
+
+
+def test_claims_of_the_per_size_version_take_any_and_the_class_must_be_there() -> None:
+    """After the upgrade no GPU carries ``setRank<N>``: a claim written by the previous version
+    still schedules, through ``any`` (the first free GPUs, not the best). The generated claim
+    needs ``gpu-ranked.nvidia.com``: without it the claim is not allocated (hence the chart
+    value and ``--without-ranked-class`` go together), and the fallback claim is."""
+    bench = load_benchmark()
+    devices = fake.FakeBackend.from_name("dgx-1-v100").discover()
+    slices = build.build(devices, node_name=NODE, taken={"gpu-0"}).slices
+    classes = simulator.builtin_classes()
+
+    def results(claim: dict[str, Any], classes: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        outcome = allocator.allocate(
+            claim,
+            slices=slices,
+            classes=classes,
+            node_name=NODE,
+            allocated={(DRIVER, NODE, "gpu-0")},
+            node_devices=devices,
+        )
+        got = outcome.allocation["devices"]["results"] if outcome.allocation else []
+        return [(r["request"], r["device"]) for r in got]
+
+    old = bench.rank_claim(4, packed=False, one_selector=False)
+    assert results(old, classes) == [("gpus/any", f"gpu-{i}") for i in (1, 2, 3, 4)]
+    best = [("gpus/rank1", f"gpu-{i}") for i in (4, 5, 6, 7)]  # the free quad with 9 links
+    assert results(claimgen.claim(4), classes) == best
+    without = [c for c in classes if c["metadata"]["name"] != claimgen.RANKED_CLASS]
+    assert results(claimgen.claim(4), without) == []
+    assert results(claimgen.claim(4, ranked_class=None), without) == best

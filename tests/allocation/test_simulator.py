@@ -170,4 +170,8 @@ def test_builtin_classes_follow_the_driver_name() -> None:
     names = {c["metadata"]["name"] for c in simulator.builtin_classes()}
     assert {"gpu.nvidia.com", "mig.nvidia.com"} <= names
     other = simulator.builtin_classes(driver_name="gpu.example.com")
-    assert all("gpu.example.com" in str(c["spec"]["selectors"]) for c in other)
+    # Every class with selectors selects that driver; the ranked class has none (its claims'
+    # selectors test the driver).
+    selecting = [c for c in other if c["metadata"]["name"] != "gpu-ranked.nvidia.com"]
+    assert all("gpu.example.com" in str(c["spec"]["selectors"]) for c in selecting)
+    assert [c["spec"] for c in other if c not in selecting] == [{}]

@@ -1,6 +1,7 @@
 """Single GPUs placed to keep the best sets whole, and ranks that are never a lock.
 
-``dra-driver claim --gpus 1`` asks for the GPU of ``setRank1`` 1, else 2, ..., else any GPU.
+``dra-driver claim --gpus 1`` asks for the GPU of rank 1 (digit 1 of ``setRanks``), else 2, ...,
+else any GPU.
 The agent ranks single GPUs so that the ones it hands out first are those whose loss hurts the
 node's best remaining sets least (docs/topology.md). Checked here through the project's
 emulation of the scheduler's allocator, on the slices the agent publishes:
@@ -202,14 +203,17 @@ def test_key_sizes_put_the_sizes_jobs_ask_for_first() -> None:
 
 
 def lying_slices(profile: str, size: int, rank_of: dict[str, int]) -> list[Obj]:
-    """The node's slices with ``setRank<size>`` overwritten: ``rank_of`` per GPU, 0 elsewhere
-    (ranks as stale or wrong as a broken agent could publish)."""
+    """The node's slices with digit ``size`` of ``setRanks`` overwritten: ``rank_of`` per GPU,
+    0 elsewhere (ranks as stale or wrong as a broken agent could publish)."""
     slices = slices_of(profile)
+    place = 10 ** (size - 1)
     for obj in slices:
         for dev in obj["spec"].get("devices") or ():
             attrs = dev["attributes"]
-            if f"setRank{size}" in attrs:
-                attrs[f"setRank{size}"] = {"int": rank_of.get(dev["name"], 0)}
+            if "setRanks" in attrs:
+                value = attrs["setRanks"]["int"]
+                value -= value // place % 10 * place  # that digit cleared
+                attrs["setRanks"] = {"int": value + rank_of.get(dev["name"], 0) * place}
     return slices
 
 
@@ -246,9 +250,8 @@ def test_a_burst_on_ranks_that_never_change_gives_every_claim_its_own_gpus() -> 
     wrong = slices_of(profile)
     for obj in wrong:
         for dev in obj["spec"].get("devices") or ():
-            for key in dev["attributes"]:
-                if key.startswith("setRank"):
-                    dev["attributes"][key] = {"int": 1}
+            if "setRanks" in dev["attributes"]:  # rank 1 for every size: digits 1..7 all 1
+                dev["attributes"]["setRanks"] = {"int": 1111111}
     inputs = simulator.Inputs(
         claims=[*(single(i) for i in range(8)), single(8)],
         classes=simulator.builtin_classes(),

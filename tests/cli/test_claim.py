@@ -31,26 +31,43 @@ def test_best_is_a_ladder_of_ranked_gpus_then_any_gpus(capsys: pytest.CaptureFix
     (request,) = obj["spec"]["devices"]["requests"]
     assert request["name"] == "gpus"
     plain = {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 4}
+    # The ranks: on the selector-less class, one selector testing the driver and digit 4 of
+    # setRanks; "any": the plain GPU class.
     assert request["firstAvailable"] == [
         {
             "name": f"rank{rank}",
             **plain,
+            "deviceClassName": "gpu-ranked.nvidia.com",
             "selectors": [
                 {
                     "cel": {
-                        "expression": 'device.attributes["gpu.nvidia.com"]'
-                        f".?setRank4.orValue(0) == {rank}"
+                        "expression": 'device.driver == "gpu.nvidia.com" && '
+                        'device.attributes["gpu.nvidia.com"]'
+                        f".?setRanks.orValue(0) / 1000 % 10 == {rank}"
                     }
                 }
             ],
         }
         for rank in (1, 2)  # an 8-GPU node holds two disjoint quads
     ] + [{"name": "any", **plain}]
-    assert "gpu-set" not in out and "gpuCount" not in out  # only the plain GPU class
+    assert "gpu-set" not in out and "gpuCount" not in out
+
+
+def test_without_the_ranked_class_the_ranks_name_the_gpu_class(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "--gpus", "2", "--without-ranked-class", "-o", "json")
+    assert code == 0
+    (request,) = json.loads(out)["spec"]["devices"]["requests"]
+    alternatives = request["firstAvailable"]
+    assert {a["deviceClassName"] for a in alternatives} == {"gpu.nvidia.com"}
+    expression = 'device.attributes["gpu.nvidia.com"].?setRanks.orValue(0) / 10 % 10 == 1'
+    assert alternatives[0]["selectors"] == [{"cel": {"expression": expression}}]
+    assert [a["name"] for a in alternatives] == ["rank1", "rank2", "rank3", "rank4", "any"]
 
 
 @pytest.mark.parametrize(
-    ("gpus", "ranks"), [(2, 4), (3, 2), (4, 2), (5, 1), (7, 1), (8, 1), (16, 1)]
+    ("gpus", "ranks"), [(2, 4), (3, 2), (4, 2), (5, 1), (7, 1), (8, 1), (15, 1)]
 )
 def test_the_ladder_asks_for_as_many_ranks_as_an_eight_gpu_node_has_sets(
     gpus: int, ranks: int
@@ -62,14 +79,39 @@ def test_the_ladder_asks_for_as_many_ranks_as_an_eight_gpu_node_has_sets(
     assert all(alt["count"] == gpus for alt in request["firstAvailable"])
     custom = claimgen.spec(gpus, driver_name="gpu.example.com")["devices"]["requests"][0]
     expression = custom["firstAvailable"][0]["selectors"][0]["cel"]["expression"]
-    assert expression == f'device.attributes["gpu.example.com"].?setRank{gpus}.orValue(0) == 1'
+    digit = "" if gpus == 1 else f" / {10 ** (gpus - 1)}"
+    assert expression == (
+        'device.driver == "gpu.example.com" && device.attributes["gpu.example.com"]'
+        f".?setRanks.orValue(0){digit} % 10 == 1"
+    )
 
 
-def test_the_rank_attribute_is_the_one_the_slices_publish() -> None:
+def test_more_gpus_than_any_node_ranks_is_a_plain_count() -> None:
+    # Ranks cover sets of 1..15 GPUs (16 GPUs per node at most): 16 and more take any N.
+    assert claimgen.spec(16) == claimgen.spec(16, nvlink="any")
+    assert claimgen.spec(32)["devices"]["requests"][0]["exactly"]["count"] == 32
+
+
+def test_the_rank_attribute_and_digits_are_the_ones_the_slices_publish() -> None:
+    from dra_driver.allocation import cel
     from dra_driver.slices import gpusets
 
-    assert claimgen.RANK_PREFIX == gpusets.RANK_PREFIX
-    assert f"{claimgen.RANK_PREFIX}4" == gpusets.rank_attribute(4)
+    assert claimgen.PACKED_ATTRIBUTE == gpusets.PACKED_ATTRIBUTE
+    assert claimgen.MAX_SIZE == gpusets.MAX_SIZE
+    ranks = {1: 3, 2: 1, 4: 2, 7: 5, 15: 7}
+    value = gpusets.pack(ranks)
+    assert gpusets.unpack(value) == {n: ranks.get(n, 0) for n in range(1, 16)}
+    assert value < 2**63  # an int64 attribute
+    device = {"name": "gpu-0", "attributes": {"setRanks": {"int": value}}}
+    for size in range(1, 16):
+        for rank in range(1, 8):
+            compiled = cel.compile_selector(
+                claimgen.rank_expression(size, rank, "gpu.nvidia.com", claimgen.RANKED_CLASS)
+            )
+            assert compiled.matches(device, "gpu.nvidia.com") == (ranks.get(size) == rank)
+            assert not compiled.matches(device, "other.example.com")  # the driver is tested
+    with pytest.raises(ValueError, match="size 16"):
+        gpusets.pack({16: 1})
 
 
 @pytest.mark.parametrize("mode", claimgen.MODES)
@@ -101,11 +143,13 @@ def test_island_any_and_one_gpu(capsys: pytest.CaptureFixture[str]) -> None:
             }
         ]
     }
-    # One GPU: the ladder over setRank1 (the GPU whose loss keeps the best sets whole), then any.
+    # One GPU: the ladder over digit 1 of setRanks (the GPU whose loss keeps the best sets
+    # whole), then any.
     single = claimgen.spec(1)["devices"]["requests"][0]["firstAvailable"]
     assert [r["name"] for r in single] == [*(f"rank{i}" for i in range(1, 8)), "any"]
     assert single[0]["selectors"][0]["cel"]["expression"] == (
-        'device.attributes["gpu.nvidia.com"].?setRank1.orValue(0) == 1'
+        'device.driver == "gpu.nvidia.com" && '
+        'device.attributes["gpu.nvidia.com"].?setRanks.orValue(0) % 10 == 1'
     )
     assert claimgen.spec(1, nvlink="island") == claimgen.spec(1, nvlink="any")
     code, out, _ = run(capsys, "--gpus", "2", "--nvlink", "island")

@@ -27,7 +27,11 @@ def test_demo_default_profile_runs_green() -> None:
     assert "fake profile 'dgx-h100'" in out
     # One slice: the 8 GPUs, each with its set ranks; no counters, no set devices.
     assert "published 1 ResourceSlice(s) with 8 device(s)" in out
-    assert "setRank4:" in out and "sharedCounters" not in out and "gpus-2-3" not in out
+    assert (
+        "setRanks digit 4 (rank among" in out
+        and "sharedCounters" not in out
+        and "gpus-2-3" not in out
+    )
     assert "[FAILED]" not in out
     # Every example but the one that cannot fit is prepared and unprepared.
     for example in (
@@ -47,7 +51,7 @@ def test_demo_default_profile_runs_green() -> None:
     assert "Scene 2 of 6: health" in out
     assert "key: gpu.nvidia.com/xid" in out and "effect: NoExecute" in out
     assert "[ok] discover shows gpu-0 Unhealthy (xid=79)" in out
-    assert "[ok] gpu-0 left every ranked set (setRank1..7 = 0)" in out
+    assert "[ok] gpu-0 left every ranked set (setRanks = 0)" in out
     assert "[ok] an eight-GPU claim no longer fits:" in out
     assert "[ok] the eight-GPU claim fits again" in out
     assert "[ok] discover: gpu-0 Healthy, recoveries 2" in out
@@ -60,7 +64,7 @@ def test_demo_default_profile_runs_green() -> None:
     assert "kube-scheduler allocates: gpu-4, gpu-5, gpu-6, gpu-7 (request gpus/rank1)" in out
     assert "[ok] CDI device nodes: /dev/nvidia4, /dev/nvidia5, /dev/nvidia6, /dev/nvidia7" in out
     assert "gpus-4-5 and gpu-5 both use GPU gpu-5" in out
-    assert "[ok] setRank4 again: {'gpu-0': 1, 'gpu-1': 1, 'gpu-2': 1, 'gpu-3': 1, " in out
+    assert "[ok] setRanks digit 4 again: {'gpu-0': 1, 'gpu-1': 1, 'gpu-2': 1, 'gpu-3': 1, " in out
     # The dynamic MIG scene: one H100 as 1g.10gb + 2g.20gb + 3g.40gb, made and destroyed.
     assert "Scene 4 of 6: mig" in out
     for name, device in (

@@ -53,7 +53,7 @@ def test_once_publishes_then_writes_nothing(
     (only,) = stored
     assert "sharedCounters" not in only["spec"]
     assert [d["name"] for d in only["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
-    assert all("setRank7" in d["attributes"] for d in only["spec"]["devices"])
+    assert all("setRanks" in d["attributes"] for d in only["spec"]["devices"])
     server.api.reset_calls()
     again = subprocess.run(
         command(kubeconfig, "--once"), capture_output=True, text=True, timeout=60, check=False

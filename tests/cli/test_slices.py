@@ -38,7 +38,7 @@ def test_dgx_h100_prints_valid_multi_document_yaml_identically_every_time() -> N
     assert [d["name"] for d in gpus] == [f"gpu-{i}" for i in range(8)]
     assert {d["attributes"]["type"]["string"] for d in gpus} == {"gpu"}
     assert {d["attributes"]["nvlinkIsland"]["string"] for d in gpus} == {"island-0"}
-    assert all(d["attributes"]["setRank4"]["int"] in (1, 2) for d in gpus)
+    assert all(d["attributes"]["setRanks"]["int"] // 1000 % 10 in (1, 2) for d in gpus)
     # The summary goes to stderr, so stdout stays what kubectl apply takes.
     assert first.stderr == (
         "node n1: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 1-7 GPUs)\n"
@@ -64,7 +64,7 @@ def test_nvl_pairs_two_islands_json_output_and_driver_name() -> None:
     gpus = [d for d in obj["spec"]["devices"] if d["attributes"]["type"]["string"] == "gpu"]
     assert len({d["attributes"]["nvlinkIsland"]["string"] for d in gpus}) == 2
     # The bridged pairs are the ranked pairs.
-    assert [d["attributes"]["setRank2"]["int"] for d in gpus] == [1, 1, 2, 2]
+    assert [d["attributes"]["setRanks"]["int"] // 10 % 10 for d in gpus] == [1, 1, 2, 2]
     assert proc.stderr.splitlines() == [
         "node n1: 4 devices in 1 ResourceSlice (4 GPUs; set ranks for 1-3 GPUs)"
     ]
@@ -141,11 +141,11 @@ def test_without_gpu_sets_one_device_per_gpu_and_no_ranks() -> None:
     assert flag.stderr == "node n1: 8 devices in 1 ResourceSlice (8 GPUs; no set ranks)\n"
     with_ranks = run("--node-name", "n1", "--fake", "dgx-1-v100")
     (ranked,) = list(yaml.safe_load_all(with_ranks.stdout))
-    # The same devices, each with setRank1 .. setRank7; still no set devices nor counters.
+    # The same devices, each with setRanks (one digit per size 1..7); no set devices nor counters.
     assert [d["name"] for d in ranked["spec"]["devices"]] == [d["name"] for d in devices]
     for plain, full in zip(devices, ranked["spec"]["devices"], strict=True):
         extra = set(full["attributes"]) - set(plain["attributes"])
-        assert extra == {f"setRank{n}" for n in range(1, 8)}
+        assert extra == {"setRanks"}
     assert "gpu-set" not in with_ranks.stdout and "sharedCounters" not in with_ranks.stdout
     bad = run("--node-name", "n1", "--fake", "dgx-1-v100", "--gpu-sets=maybe")
     assert bad.returncode == 2 and "'maybe' is not true or false" in bad.stderr

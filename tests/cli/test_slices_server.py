@@ -43,7 +43,7 @@ def test_a_server_that_keeps_everything_gets_what_the_agent_always_publishes(
     assert code == 0, err
     assert "drops the fields of none" in err
     assert [len(s["spec"]["devices"]) for s in items] == [8]
-    assert "setRank4" in items[0]["spec"]["devices"][0]["attributes"]
+    assert "setRanks" in items[0]["spec"]["devices"][0]["attributes"]
 
 
 def test_explicit_dynamic_mig_on_a_server_without_counters_is_refused(

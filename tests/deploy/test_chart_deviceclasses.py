@@ -40,12 +40,23 @@ def test_chart_renders_the_package_device_classes(rc: ModuleType, driver: str) -
 
 def test_defaults_leave_out_the_extended_resource_class(rc: ModuleType) -> None:
     assert sorted(_chart_classes(rc, {})) == [
+        "gpu-ranked.nvidia.com",
         "gpu-set.nvidia.com",
         "gpu.nvidia.com",
         "mig.nvidia.com",
     ]
-    only_gpu = _chart_classes(rc, {"deviceClasses": {"mig": False, "gpuSet": False}})
+    only_gpu = _chart_classes(
+        rc, {"deviceClasses": {"mig": False, "gpuSet": False, "gpuRanked": False}}
+    )
     assert sorted(only_gpu) == ["gpu.nvidia.com"]
+
+
+def test_the_ranked_class_has_no_selectors_and_the_notes_name_its_quota(rc: ModuleType) -> None:
+    """gpu-ranked.nvidia.com matches every device (the claims' own selectors test the driver),
+    so the install notes tell operators who cap devices per class to cap it too."""
+    assert _chart_classes(rc, {})["gpu-ranked.nvidia.com"]["spec"] == {}
+    notes = (REPO / "deployments/helm/dra-driver/templates/NOTES.txt").read_text()
+    assert "gpu-ranked.nvidia.com.deviceclass.resource.k8s.io/devices" in notes
 
 
 def test_deployments_copies_match_too(rc: ModuleType) -> None:

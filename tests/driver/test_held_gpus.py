@@ -35,10 +35,10 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 def ranks(api: memory.InMemoryApi, size: int) -> dict[str, int]:
     slices = api.list_resource_slices(driver=DRIVER, node_name=NODE)[0]
     return {
-        d["name"]: d["attributes"][f"setRank{size}"]["int"]
+        d["name"]: d["attributes"]["setRanks"]["int"] // 10 ** (size - 1) % 10
         for s in slices
         for d in s["spec"].get("devices") or ()
-        if f"setRank{size}" in d["attributes"]
+        if "setRanks" in d["attributes"]
     }
 
 
@@ -46,10 +46,10 @@ def expected(profile: str, size: int, taken: tuple[str, ...] = ()) -> dict[str, 
     devices = fake.FakeBackend.from_name(profile).discover()
     slices = build.build(devices, node_name=NODE, driver_name=DRIVER, taken=taken).slices
     return {
-        d["name"]: d["attributes"][f"setRank{size}"]["int"]
+        d["name"]: d["attributes"]["setRanks"]["int"] // 10 ** (size - 1) % 10
         for s in slices
         for d in s["spec"].get("devices") or ()
-        if f"setRank{size}" in d["attributes"]
+        if "setRanks" in d["attributes"]
     }
 
 

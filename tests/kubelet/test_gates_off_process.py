@@ -128,17 +128,21 @@ def test_without_device_taints_an_xid_79_gpu_is_withdrawn_within_2s_and_recovery
     assert agent.metric('dra_driver_feature_enabled{feature="deviceTaints"} 0.0')
     assert agent.metric('dra_driver_feature_enabled{feature="sharedCounters"} 1.0')
     assert agent.metric('dra_driver_feature_enabled{feature="setRanks"} 1.0')
-    ranks_before = agent.devices()["gpu-1"]["attributes"]["setRank4"]
+
+    def rank4(device: str) -> int:  # digit 4 of setRanks: the GPU's rank among sets of 4
+        return int(agent.devices()[device]["attributes"]["setRanks"]["int"]) // 1000 % 10
+
+    ranks_before = rank4("gpu-1")
     agent.fake_event("--gpu", "0", "--xid", "79")
     assert wait(lambda: "gpu-0" not in agent.devices(), timeout_s=2.0) < 2.0
     devices = agent.devices()
     assert set(devices) == {f"gpu-{i}" for i in range(1, 8)}
     assert not any("taints" in d for d in devices.values())
     # gpu-1's quad lost gpu-0: its rank moves (the ranks are of the GPUs still published).
-    assert devices["gpu-1"]["attributes"]["setRank4"] != ranks_before
+    assert devices["gpu-1"]["attributes"]["setRanks"]["int"] // 1000 % 10 != ranks_before
     agent.fake_event("--gpu", "0", "--recovered")
     wait(lambda: "gpu-0" in agent.devices(), timeout_s=2.0)
-    assert agent.devices()["gpu-1"]["attributes"]["setRank4"] == ranks_before
+    assert rank4("gpu-1") == ranks_before
     assert agent.events("API server stored a ResourceSlice without fields we sent") == []
 
 

@@ -24,10 +24,10 @@ HELD_EVENT = "GPUs held by prepared claims changed; re-publishing ResourceSlices
 
 def rank4(server: fakeserver.FakeApiServer) -> dict[str, int]:
     return {
-        d["name"]: d["attributes"]["setRank4"]["int"]
+        d["name"]: d["attributes"]["setRanks"]["int"] // 1000 % 10  # digit 4: sets of 4
         for s in server.api.all_resource_slices()
         for d in s["spec"].get("devices") or ()
-        if "setRank4" in d["attributes"]
+        if "setRanks" in d["attributes"]
     }
 
 

@@ -44,18 +44,23 @@ def gpus(slices: list[Obj]) -> list[Obj]:
 
 
 def ranks(slices: list[Obj], size: int) -> list[int]:
-    """``setRank<size>`` of every full GPU, by minor."""
+    """Every full GPU's rank among the best sets of ``size`` (digit ``size`` of ``setRanks``),
+    by minor."""
     return [
-        d["attributes"][slices_gpusets.rank_attribute(size)]["int"]
+        slices_gpusets.unpack(d["attributes"][slices_gpusets.PACKED_ATTRIBUTE]["int"])[size]
         for d in gpus(slices)
         if d["attributes"]["type"]["string"] == "gpu"
     ]
 
 
-def rank_sizes(device: Obj) -> list[int]:
-    """The set sizes ``device`` carries a rank for, ascending."""
-    prefix = slices_gpusets.RANK_PREFIX
-    return sorted(int(k.removeprefix(prefix)) for k in device["attributes"] if k.startswith(prefix))
+def rank_sizes(devices: list[Obj]) -> list[int]:
+    """The set sizes ranked on ``devices`` (every one carries ``setRanks``, and some device
+    has a non-zero digit for the size), ascending; ``[]`` when a device carries no ranks."""
+    packed = slices_gpusets.PACKED_ATTRIBUTE
+    if not devices or not all(packed in d["attributes"] for d in devices):
+        return []
+    values = [slices_gpusets.unpack(d["attributes"][packed]["int"]) for d in devices]
+    return [n for n in range(1, slices_gpusets.MAX_SIZE + 1) if any(v[n] for v in values)]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -89,7 +94,7 @@ def test_dgx_h100_is_one_slice_of_eight_gpus_with_every_attribute_and_one_island
     assert "sharedCounters" not in only["spec"]  # counters only for dynamic MIG
     devices = only["spec"]["devices"]
     assert [d["name"] for d in devices] == [f"gpu-{i}" for i in range(8)]
-    rank_keys = {f"setRank{n}" for n in range(1, 8)}
+    rank_keys = {"setRanks"}
     for d in devices:
         attrs = d["attributes"]
         assert GPU_ATTRIBUTES | {"nvlinkIsland"} | rank_keys == set(attrs)
@@ -295,7 +300,7 @@ def test_an_empty_dgx_1_ranks_its_best_sets_first() -> None:
     assert ranks(slices, 7) == [1, 1, 1, 1, 1, 1, 1, 0]
     # Single GPUs: fill the quad gpu-0..3 first (keeping gpu-4..7 whole), gpu-7 last.
     assert ranks(slices, 1) == [1, 4, 3, 2, 5, 6, 7, 0]
-    assert all(rank_sizes(d) == list(range(1, 8)) for d in gpus(slices))
+    assert rank_sizes(gpus(slices)) == list(range(1, 8))
 
 
 def test_taken_gpus_are_left_out_of_the_ranks_and_the_rest_re_ranked() -> None:
@@ -307,7 +312,7 @@ def test_taken_gpus_are_left_out_of_the_ranks_and_the_rest_re_ranked() -> None:
     assert ranks(slices, 7) == [0, 1, 1, 1, 1, 1, 1, 1]
     # Only the ranks change: every other byte of the devices is the same.
     free = build.build(devices, node_name="n1").slices
-    strip = slices_gpusets.RANK_PREFIX
+    strip = slices_gpusets.PACKED_ATTRIBUTE
     assert [
         {k: v for k, v in d["attributes"].items() if not k.startswith(strip)} for d in gpus(slices)
     ] == [{k: v for k, v in d["attributes"].items() if not k.startswith(strip)} for d in gpus(free)]
@@ -358,7 +363,7 @@ def _exhaustive_chain(
 def _published_chain(slices: list[Obj], size: int) -> list[tuple[int, ...]]:
     by_rank: dict[int, list[int]] = {}
     for d in gpus(slices):
-        rank = d["attributes"][slices_gpusets.rank_attribute(size)]["int"]
+        rank = slices_gpusets.rank_of(d["attributes"], size)
         if rank:
             by_rank.setdefault(rank, []).append(int(d["name"].removeprefix("gpu-")))
     return [tuple(by_rank[r]) for r in sorted(by_rank)]
@@ -402,8 +407,9 @@ def test_sixteen_gpus_rank_every_size_within_32_attributes_per_device() -> None:
         (only,) = result.slices
         published = only["spec"]["devices"]
         assert [d["name"] for d in published] == [f"gpu-{i}" for i in range(16)]
+        assert rank_sizes(published) == list(range(1, 16))
         for d in published:
-            assert rank_sizes(d) == list(range(1, 16))
+            assert 0 < d["attributes"]["setRanks"]["int"] < 2**63  # 15 digits: an int64
             used = len(d["attributes"]) + len(d["capacity"])
             assert used <= devicerules.MAX_ATTRIBUTES_AND_CAPACITIES
         assert validate.validate(only) == []
@@ -422,12 +428,12 @@ def test_only_nodes_with_3_to_16_full_gpus_get_ranks(
 ) -> None:
     slices = build.build(make_devices(count), node_name="n1").slices
     assert len(gpus(slices)) == count
-    assert all(rank_sizes(d) == sizes for d in gpus(slices))
+    assert rank_sizes(gpus(slices)) == sizes
 
 
 def test_mig_devices_get_no_ranks_and_mig_mode_gpus_are_not_members() -> None:
     slices = build.build(devices_of("a100-mig"), node_name="n1").slices
-    assert all(rank_sizes(d) == [] for d in gpus(slices))
+    assert not any("setRanks" in d["attributes"] for d in gpus(slices))
     # Two of four GPUs in MIG mode: two full GPUs, too few for ranks.
     text = generated_profile(4, migs_per_gpu=0)
     lines = text.splitlines()
@@ -436,7 +442,8 @@ def test_mig_devices_get_no_ranks_and_mig_mode_gpus_are_not_members() -> None:
         lines[line] = lines[line].removesuffix("}") + ", mig: []}"
     devices = fake.FakeBackend(profiles.parse("\n".join(lines) + "\n", source="t")).discover()
     assert [g.mig_enabled for g in devices.gpus] == [False, True, False, True]
-    assert all(rank_sizes(d) == [] for d in gpus(build.build(devices, node_name="n1").slices))
+    published = gpus(build.build(devices, node_name="n1").slices)
+    assert not any("setRanks" in d["attributes"] for d in published)
 
 
 def test_slice_names_sort_in_the_order_the_devices_are_meant_to_be_tried(
@@ -466,7 +473,7 @@ def test_many_gpus_are_one_slice_of_128_devices_without_counters_or_ranks(
     published = only["spec"]["devices"]
     assert len(published) == 70
     assert not any("consumesCounters" in d for d in published)
-    assert not any(rank_sizes(d) for d in published)  # > 16 GPUs: no ranks
+    assert not any("setRanks" in d["attributes"] for d in published)  # > 16 GPUs: no ranks
     assert [
         len(s["spec"]["devices"]) for s in build.build(make_devices(200), node_name="b").slices
     ] == [128, 72]
@@ -480,10 +487,10 @@ def test_mig_only_nodes_keep_their_layout_and_ranks_can_be_turned_off() -> None:
     (plain,) = build.build(devices_of("dgx-h100"), node_name="n1", gpu_sets=False).slices
     assert [d["name"] for d in plain["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
     assert not any("consumesCounters" in d for d in plain["spec"]["devices"])
-    assert not any(rank_sizes(d) for d in plain["spec"]["devices"])
+    assert rank_sizes(plain["spec"]["devices"]) == []
     assert "setRank" not in json.dumps(plain)
+    assert rank_sizes(gpus(with_ranks)) == list(range(1, 8))
     # Apart from the ranks, the devices are the same.
     for bare, ranked in zip(plain["spec"]["devices"], gpus(with_ranks), strict=True):
-        assert rank_sizes(ranked) == list(range(1, 8))
-        kept = {k: v for k, v in ranked["attributes"].items() if not k.startswith("setRank")}
+        kept = {k: v for k, v in ranked["attributes"].items() if k != "setRanks"}
         assert bare == {**ranked, "attributes": kept}

@@ -277,11 +277,12 @@ def test_set_ranks_are_int_attributes_in_the_sorted_attribute_order() -> None:
     published = {d["name"]: d for s in built.slices for d in s["spec"].get("devices") or ()}
     gpu0, gpu1 = published["gpu-0"]["attributes"], published["gpu-1"]["attributes"]
     assert list(gpu0) == sorted(gpu0)
-    assert [k for k in gpu0 if k.startswith("setRank")] == ["setRank1", "setRank2", "setRank3"]
-    assert gpu0["setRank1"] == gpu0["setRank2"] == gpu0["setRank3"] == {"int": 0}  # taken
-    # gpu-1 is left alone beside the bridged pair gpu-2/gpu-3: no pair, but in the trio.
-    assert gpu1["setRank2"] == {"int": 0} and gpu1["setRank3"] == {"int": 1}
-    assert published["gpu-2"]["attributes"]["setRank2"] == {"int": 1}
+    assert [k for k in gpu0 if k.startswith("setRank")] == ["setRanks"]  # one, all sizes
+    assert gpu0["setRanks"] == {"int": 0}  # taken: rank 0 for every size
+    # gpu-1 is left alone beside the bridged pair gpu-2/gpu-3: no pair, but in the trio (digit
+    # 3), and the first single GPU to take (digit 1): 100 + 0 * 10 + 1.
+    assert gpu1["setRanks"] == {"int": 101}
+    assert published["gpu-2"]["attributes"]["setRanks"]["int"] // 10 % 10 == 1
 
 
 def test_a_device_a_decorating_pass_breaks_is_left_out_and_named() -> None:

@@ -106,3 +106,29 @@ def test_extended_resource_variant_and_unknown_names() -> None:
     )
     with pytest.raises(deviceclasses.DeviceClassError, match="shipped: "):
         deviceclasses.load("tpu.example.com")
+
+
+@pytest.mark.parametrize("driver", ["gpu.nvidia.com", "gpu.example.com"])
+def test_the_ranked_class_selects_nothing_itself_and_the_rank_selectors_pick_our_gpus(
+    driver: str,
+) -> None:
+    """gpu-ranked.nvidia.com has no selectors (one CEL evaluation per GPU, not two): the rank
+    alternatives of the generated claim test the driver themselves, so through it they pick
+    our ranked GPUs and never another driver's devices or our MIG devices."""
+    from dra_driver.allocation import claimgen
+    from dra_driver.slices import build
+
+    assert deviceclasses.load("gpu-ranked.nvidia.com", driver_name=driver)["spec"] == {}
+    devices = [
+        d
+        for profile in ("dgx-h100", "a100-mig")
+        for s in build.build(devices_of(profile), node_name="n1", driver_name=driver).slices
+        for d in s["spec"].get("devices", [])
+    ]
+    (request,) = claimgen.spec(4, driver_name=driver)["devices"]["requests"]
+    rank1 = request["firstAvailable"][0]
+    assert rank1["deviceClassName"] == "gpu-ranked.nvidia.com"
+    compiled = cel.compile_selector(rank1["selectors"][0]["cel"]["expression"])
+    picked = [d["name"] for d in devices if compiled.matches(d, driver)]
+    assert picked == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]  # the DGX H100's best quad
+    assert not any(compiled.matches(d, "other.example.com") for d in devices)

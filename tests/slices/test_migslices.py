@@ -124,8 +124,11 @@ def test_eight_and_twelve_gpus_split_within_the_limits() -> None:
         full = [d for d in devices if "-mig-" not in d["name"]]
         assert [d["name"] for d in full] == [f"gpu-{i}" for i in range(gpus)]
         for dev in devices:
-            sizes = [k for k in dev["attributes"] if k.startswith("setRank")]
-            assert len(sizes) == (gpus - 1 if dev in full else 0)
+            ranked = [k for k in dev["attributes"] if k.startswith("setRank")]
+            assert ranked == (["setRanks"] if dev in full else [])
+        # Every size 1..gpus-1 ranked: each has a rank-1 set on some full GPU.
+        digits = [d["attributes"]["setRanks"]["int"] for d in full]
+        assert all(any(v // 10 ** (n - 1) % 10 == 1 for v in digits) for n in range(1, gpus))
         for obj in built.slices:
             spec = obj["spec"]
             assert spec["pool"]["resourceSliceCount"] == len(built.slices)
@@ -241,8 +244,8 @@ def test_dynamic_gpus_in_mig_mode_are_ranked_as_full_gpus() -> None:
 
     def rank(built: build.Build, name: str, size: int) -> int | None:
         found = {d["name"]: d for d in _devices(built.slices)}
-        attr = found[name]["attributes"].get(f"setRank{size}")
-        return None if attr is None else int(attr["int"])
+        attr = found[name]["attributes"].get("setRanks")
+        return None if attr is None else int(attr["int"]) // 10 ** (size - 1) % 10
 
     dynamic = build.build(devices, node_name="n1", dynamic_mig=ALL)
     # Published whole: four full GPUs, ranked in pairs by NUMA node.

@@ -332,7 +332,8 @@ def test_node_agent_hook_starts_and_stops(mem: memory.InMemoryApi, log: Recorder
         (stored,) = mem.all_resource_slices()
         devices = stored["spec"]["devices"]
         assert [d["name"] for d in devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
-        assert [d["attributes"]["setRank2"]["int"] for d in devices] == [1, 1, 2, 2]
+        # Digit 2 of setRanks: the bridged pairs gpu-0/1, then gpu-2/3.
+        assert [d["attributes"]["setRanks"]["int"] // 10 % 10 for d in devices] == [1, 1, 2, 2]
         assert "sharedCounters" not in stored["spec"]
     finally:
         pub.stop()

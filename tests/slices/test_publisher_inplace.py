@@ -13,6 +13,7 @@ import pytest
 
 from dra_driver.devices import migprofiles
 from dra_driver.slices import build, compare, publisher
+from dra_driver.slices import gpusets as slice_ranks
 from dra_driver.testing.fakeapi import memory
 
 from .conftest import Obj, devices_of
@@ -62,7 +63,7 @@ def test_the_ranked_gpus_share_one_slice(mem: memory.InMemoryApi) -> None:
         s["metadata"]["name"]
         for s in slices
         for d in s["spec"].get("devices") or ()
-        if "setRank2" in d["attributes"]
+        if "setRanks" in d["attributes"]
     }
     assert holding == {"n1-gpu.nvidia.com-1"}
 
@@ -78,10 +79,10 @@ def test_a_re_rank_is_one_write_at_the_same_generation(
     assert outcome.updated == ["n1-gpu.nvidia.com-1"] and outcome.generation == 1
     assert mem.writes == 1 and generations(mem) == {1}
     ranks = {
-        d["name"]: d["attributes"]["setRank4"]["int"]
+        d["name"]: slice_ranks.rank_of(d["attributes"], 4)
         for s in mem.all_resource_slices()
         for d in s["spec"].get("devices") or ()
-        if "setRank4" in d["attributes"]
+        if "setRanks" in d["attributes"]
     }
     assert ranks == {**{f"gpu-{i}": 0 for i in range(4)}, **{f"gpu-{i}": 1 for i in range(4, 8)}}
 
@@ -113,7 +114,7 @@ def test_in_place_refuses_moved_devices_new_counters_and_mixed_generations() -> 
     base = {s["metadata"]["name"]: s for s in pool()}
     wanted = {n: copy.deepcopy(s) for n, s in base.items()}
     target = "n1-gpu.nvidia.com-1"
-    wanted[target]["spec"]["devices"][0]["attributes"]["setRank2"] = {"int": 7}
+    wanted[target]["spec"]["devices"][0]["attributes"]["setRanks"] = {"int": 7}
     assert compare.in_place(wanted, base) == target
     moved = copy.deepcopy(wanted)
     moved[target]["spec"]["devices"].pop()

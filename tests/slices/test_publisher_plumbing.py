@@ -402,7 +402,7 @@ def test_start_node_publisher_defaults(mem: memory.InMemoryApi) -> None:
         assert {t.name for t in pub._threads} == {"slice-publisher", "slice-watch"}
         pub.synced.wait(10)
         (stored,) = mem.all_resource_slices()  # set ranks on by default
-        assert all("setRank2" in d["attributes"] for d in stored["spec"]["devices"])
+        assert all("setRanks" in d["attributes"] for d in stored["spec"]["devices"])
     finally:
         pub.stop()
 

@@ -187,7 +187,7 @@ def test_shareable_gpus_stay_shareable_when_a_taint_is_republished() -> None:
         assert len(gpus) == 8 and all(d.get("allowMultipleAllocations") for d in gpus)
         assert all(d["capacity"]["memory"].get("requestPolicy") for d in gpus)
         assert [d["name"] for d in published if d.get("taints")] == ["gpu-1"]
-        assert gpus[1]["attributes"]["setRank2"] == {"int": 0}  # a tainted GPU is in no set
+        assert gpus[1]["attributes"]["setRanks"] == {"int": 0}  # a tainted GPU is in no set
     finally:
         follower.stop()
 

@@ -32,12 +32,12 @@ def published(api: memory.InMemoryApi) -> list[Obj]:
 
 
 def ranks(slices: list[Obj], size: int) -> dict[str, int]:
-    """GPU name → its ``setRank<size>`` in ``slices``."""
+    """GPU name → its rank for ``size`` (digit ``size`` of ``setRanks``) in ``slices``."""
     return {
-        d["name"]: d["attributes"][f"setRank{size}"]["int"]
+        d["name"]: d["attributes"]["setRanks"]["int"] // 10 ** (size - 1) % 10
         for s in slices
         for d in s["spec"].get("devices") or ()
-        if f"setRank{size}" in d["attributes"]
+        if "setRanks" in d["attributes"]
     }
 
 

@@ -56,7 +56,7 @@ def test_a_node_with_shareable_gpus_keeps_its_set_ranks_and_has_no_counters() ->
     assert [d["name"] for d in shared] == [d["name"] for d in exclusive]
     # Same attributes, set ranks included; only capacity and allowMultipleAllocations differ.
     assert [d["attributes"] for d in shared] == [d["attributes"] for d in exclusive]
-    assert all("setRank4" in d["attributes"] for d in shared)
+    assert all("setRanks" in d["attributes"] for d in shared)
 
 
 def test_gpus_published_for_dynamic_mig_are_not_shareable() -> None:

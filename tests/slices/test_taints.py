@@ -106,7 +106,8 @@ def test_group_devices_naming_their_gpus_are_tainted_when_any_is_unhealthy() -> 
 
 
 def rank_of(found: dict[str, Obj], name: str, size: int) -> int:
-    return int(found[name]["attributes"][f"setRank{size}"]["int"])
+    """Digit ``size`` of the GPU's ``setRanks`` (a KeyError if it carries none)."""
+    return int(found[name]["attributes"]["setRanks"]["int"]) // 10 ** (size - 1) % 10
 
 
 def test_a_tainted_gpu_loses_its_set_ranks_and_the_others_are_re_ranked() -> None:
