@@ -28,10 +28,11 @@ lint: $(STAMP)
 	$(BIN)/hadolint Dockerfile
 
 # In parallel workers (pytest-xdist): one per core, at most PYTEST_MAX_WORKERS (the tests run
-# agents, API servers and kubelet stand-ins as processes of their own).
+# agents, API servers and kubelet stand-ins as processes of their own); the 15 slowest tests
+# listed at the end (tests/conftest.py starts the known slow ones first).
 PYTEST_MAX_WORKERS ?= 4
 pytest: $(STAMP)
-	$(BIN)/pytest -q -n auto --maxprocesses=$(PYTEST_MAX_WORKERS)
+	$(BIN)/pytest -q -n auto --maxprocesses=$(PYTEST_MAX_WORKERS) --durations=15
 
 # Debian packages the container tests need (podman consumes our CDI specs for real). Installed
 # when missing (as root, or through sudo); without either the podman test says why it skips.

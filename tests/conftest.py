@@ -39,8 +39,31 @@ def _fixture_tests(items: list[pytest.Item]) -> list[pytest.Item]:
     ]
 
 
+# The tests that take tens of seconds each (the demo's scenes, the quick fault suite, the
+# SIGKILL loops): run first, so that in parallel workers (`make test`: pytest-xdist) none of them
+# starts last and leaves one worker running it alone at the end of the suite.
+SLOW_FIRST = (
+    "tests/cli/test_demo.py",
+    "tests/test_faults_quick.py",
+    "tests/driver/test_crash",
+    "tests/kubelet/test_crash",
+    "tests/kubelet/test_mig_crash",
+    "tests/kubelet/test_mps",
+    "tests/allocation/test_setfit",
+    "tests/allocation/test_single_gpus.py",
+)
+
+
+def _slow_first(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, p in enumerate(SLOW_FIRST) if item.nodeid.startswith(p)), 99)
+
+    items.sort(key=rank)  # stable: the order within each group is kept
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _slow_first(items)
     if refdata.available():
         return
     needing = _fixture_tests(items)
