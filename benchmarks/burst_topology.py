@@ -411,6 +411,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.agent_tree:
         os.environ["PYTHONPATH"] = str(args.agent_tree.resolve())
+        # The agent runs as ``python -m dra_driver``, which puts the working directory first on
+        # its path: from inside this checkout it would run the checkout, not the tree.
+        os.chdir(args.agent_tree.resolve())
     print(
         f"# {args.bursts} bursts per row at {args.rate:g} pods/s, prepare "
         f"{args.delay[0]:g}-{args.delay[1]:g} s after binding, seed {args.seed}"
