@@ -120,20 +120,7 @@ def plain_claim(gpus: int = GPUS_PER_POD) -> Obj:
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": f"gpus-{gpus}-plain"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpus",
-                        "exactly": {
-                            "deviceClassName": "gpu.nvidia.com",
-                            "allocationMode": "ExactCount",
-                            "count": gpus,
-                        },
-                    }
-                ]
-            }
-        },
+        "spec": claimgen.spec(gpus, nvlink="any"),
     }
 
 

@@ -15,6 +15,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from dra_driver.allocation import claimgen
 from dra_driver.devices import fake, model
 from dra_driver.slices import build
 
@@ -73,20 +74,7 @@ def allocated_claim(name: str, node: str, gpus: Sequence[str], namespace: str = 
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpus",
-                        "exactly": {
-                            "deviceClassName": "gpu.nvidia.com",
-                            "allocationMode": "ExactCount",
-                            "count": len(gpus),
-                        },
-                    }
-                ]
-            }
-        },
+        "spec": claimgen.spec(len(gpus), nvlink="any"),
         "status": {
             "allocation": {
                 "devices": {
