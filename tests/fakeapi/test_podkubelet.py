@@ -83,6 +83,9 @@ def test_a_pod_runs_gets_ready_by_its_probe_and_ends_when_deleted(
     running = kubelet.running()["p"]
     mem.objects.delete(PODS, "p", namespace="ns")
     assert poll(lambda: kubelet.running() == {})
+    # running() drops the Pod once it is marked deleted; its process is stopped (and recorded
+    # in ``ended``) just after, in the kubelet's own thread: wait for that, never bet on it.
+    assert poll(lambda: bool(kubelet.ended))
     assert running.proc is not None and running.proc.poll() is not None
     assert [(n, p) for n, _, p in kubelet.ended] == [("p", running.pid)]
 
