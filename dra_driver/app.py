@@ -28,7 +28,6 @@ from typing import Any
 
 import structlog
 
-from dra_driver import cdagent as compute_domains_agent
 from dra_driver import gpumetrics, health_server, logs, nodehealth
 from dra_driver import metrics as metrics_mod
 from dra_driver.agentparts import (
@@ -243,12 +242,15 @@ def run(
         except leader.LockError as exc:
             log.error("cannot take part in publishing; NOT publishing", error=str(exc))
         node_labels = start_node_labels(settings, devices=devices, api=api, source=board, log=log)
-        try:  # the second driver, compute-domain.nvidia.com (docs/computedomains.md)
-            compute_domains = compute_domains_agent.start(
-                settings, api=api, devices=devices, log=log
-            )
-        except compute_domains_agent.StartError as exc:
-            raise StartupError(str(exc)) from exc
+        if settings.compute_domains is not None:
+            # The second driver, compute-domain.nvidia.com (docs/computedomains.md): its ~10
+            # modules are loaded on the nodes that serve it only (memory per agent, #38).
+            from dra_driver import cdagent
+
+            try:
+                compute_domains = cdagent.start(settings, api=api, devices=devices, log=log)
+            except cdagent.StartError as exc:
+                raise StartupError(str(exc)) from exc
         cleanup.start()
         if supervisor is not None:
             supervisor.start()

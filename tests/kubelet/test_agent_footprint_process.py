@@ -1,0 +1,117 @@
+"""What a running node agent has loaded: only what its node and its claims use (docs/fleet.md).
+
+One agent runs per GPU node, so every module it holds is paid on every node of a fleet (#38).
+The real agent process (fake GPUs, the fake API server over loopback HTTP) publishes its slices
+and prepares and unprepares a claim through the kubelet's gRPC; then it is asked, by a signal
+handler the test wraps around ``python -m dra_driver``, which modules it holds. The ComputeDomain
+driver, the MPS machinery, pydantic (opaque configs only) and the ``kubernetes`` library must
+not be among them; a claim with an opaque config then does load the config models, which shows
+the probe sees lazy loading at all.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+from dra_driver.driver import claims
+from dra_driver.testing import polling
+from dra_driver.testing.fakeapi import fakeserver
+from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
+
+# Runs the agent as ``python -m dra_driver`` does; SIGUSR1 writes sys.modules to a file.
+WRAPPER = """
+import json, runpy, signal, sys
+out = sys.argv.pop(1)
+signal.signal(signal.SIGUSR1, lambda *_: open(out, "w").write(json.dumps(sorted(sys.modules))))
+sys.argv[0] = "dra_driver"
+runpy.run_module("dra_driver", run_name="__main__", alter_sys=True)
+"""
+
+NOT_LOADED = (
+    "kubernetes",
+    "urllib3",
+    "dra_driver.cdagent",
+    "dra_driver.computedomain.nodedriver",
+    "dra_driver.computedomain.monitor",
+)
+
+
+def test_an_agent_that_served_a_plain_claim_holds_none_of_what_it_did_not_use(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    agent, kubelet = start_agent(short_dir, apiserver)
+    try:
+        plain = put_claim(apiserver, "plain", "gpu-0", config=None)
+        assert kubelet.prepare([plain]).claims[plain.uid].error == ""
+        assert kubelet.unprepare([plain]).claims[plain.uid].error == ""
+        loaded = modules_of(agent)
+        assert "dra_driver.driver.checkpoint" in loaded and "grpc" in loaded  # it ran the agent
+        held = sorted(m for m in loaded if m.startswith(NOT_LOADED))
+        assert not held, f"the agent holds modules it did not use: {held[:10]}"
+    finally:
+        kubelet.close()
+        agent.kill()
+
+
+def start_agent(base: Path, apiserver: fakeserver.FakeApiServer) -> tuple[PluginProcess, Any]:
+    agent = PluginProcess(
+        base=base, kubeconfig=apiserver.write_kubeconfig(base / "kubeconfig"), publish=True
+    )
+    assert agent.argv[1:3] == ["-m", "dra_driver"]
+    agent.argv[1:3] = ["-c", WRAPPER, str(base / "modules.json")]
+    kubelet = KubeletSim(agent.registry_dir)
+    agent.start()
+    agent.wait_ready(timeout_s=60)
+    kubelet.register("gpu.nvidia.com")
+    polling.wait_for(
+        lambda: bool(apiserver.api.all_resource_slices()), what="the first publish", timeout_s=60
+    )
+    return agent, kubelet
+
+
+def modules_of(agent: PluginProcess) -> set[str]:
+    """The agent's ``sys.modules`` now (its SIGUSR1 handler writes them)."""
+    out = Path(agent.argv[3])
+    out.unlink(missing_ok=True)
+    agent.signal(signal.SIGUSR1)
+    polling.wait_for(out.exists, what="the agent's module list", timeout_s=20)
+    polling.wait_for(lambda: out.read_text().endswith("]"), what="the whole list", timeout_s=5)
+    return set(json.loads(out.read_text()))
+
+
+def put_claim(
+    server: fakeserver.FakeApiServer, name: str, device: str, *, config: dict[str, Any] | None
+) -> claims.ClaimRef:
+    """A claim allocated ``device`` of pool ``n1``, with ``config`` as its opaque config."""
+    uid = str(uuid.uuid4())
+    allocation: dict[str, Any] = {
+        "devices": {
+            "results": [
+                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": device}
+            ]
+        }
+    }
+    if config is not None:
+        allocation["devices"]["config"] = [
+            {
+                "source": "FromClaim",
+                "requests": ["gpu"],
+                "opaque": {"driver": "gpu.nvidia.com", "parameters": config},
+            }
+        ]
+    server.api.put_resource_claim(
+        {
+            "metadata": {"name": name, "namespace": "team", "uid": uid},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]
+                }
+            },
+            "status": {"allocation": allocation},
+        }
+    )
+    return claims.ClaimRef(uid=uid, namespace="team", name=name)
