@@ -21,6 +21,7 @@ import yaml
 
 from dra_driver.demo import report as reporting
 from dra_driver.devices import fake
+from dra_driver.devices.fake import profiles
 from dra_driver.kube import api as kube
 from dra_driver.testing import kubeletsim as sim
 from dra_driver.testing.fakeapi import fakeserver, memory
@@ -68,9 +69,7 @@ def node(
         kubeconfig = server.write_kubeconfig(base / "kubeconfig")
         profile_file = base / "profile.yaml"
         profile_file.write_text(
-            yaml.safe_dump(
-                backend.profile.model_dump(mode="json", by_alias=True, exclude_none=True)
-            ),
+            yaml.safe_dump(profiles.dump(backend.profile)),
             encoding="utf-8",
         )
         plugin = sim.PluginProcess(

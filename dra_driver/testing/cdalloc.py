@@ -30,9 +30,7 @@ class Unschedulable(Exception):
 
 def nvl_profile(clique_id: int) -> profiles.Profile:
     """The ``gb200-nvl`` profile with its GPUs in fabric clique ``clique_id``."""
-    text = profiles.load_builtin("gb200-nvl").model_dump(
-        mode="json", by_alias=True, exclude_none=True
-    )
+    text = profiles.dump(profiles.load_builtin("gb200-nvl"))
     text["name"] = f"gb200-nvl-clique-{clique_id}"
     text["defaults"]["fabric"]["cliqueId"] = clique_id
     return profiles.parse(yaml.safe_dump(text), source=text["name"])

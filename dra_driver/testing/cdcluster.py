@@ -95,9 +95,7 @@ class Cluster:
         base = self.base / name
         base.mkdir(parents=True, exist_ok=True)
         profile_file = base / "profile.yaml"
-        dumped = (profile or cdalloc.nvl_profile(clique_id)).model_dump(
-            mode="json", by_alias=True, exclude_none=True
-        )
+        dumped = profiles.dump(profile or cdalloc.nvl_profile(clique_id))
         profile_file.write_text(yaml.safe_dump(dumped), encoding="utf-8")
         plugin = sim.PluginProcess(
             base=base,

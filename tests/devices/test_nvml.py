@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -355,10 +356,8 @@ def test_stand_in_returns_pynvml_structs() -> None:
 
 
 def test_stand_in_rejects_what_nvml_cannot_report() -> None:
-    prof = profiles.load_builtin("pcie-l4").model_copy(
-        update={"defaults": profiles.load_builtin("pcie-l4").defaults.model_copy(
-            update={"brand": "Acme"})}
-    )  # fmt: skip
+    l4 = profiles.load_builtin("pcie-l4")
+    prof = dataclasses.replace(l4, defaults=dataclasses.replace(l4.defaults, brand="Acme"))
     with pytest.raises(profiles.ProfileError, match=r"unknown brand 'Acme'.*Tesla"):
         fakenvml.FakeNvml(prof)
     with pytest.raises(ValueError, match="no function nvmlDeviceGetColour"):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dra_driver.devices.fake import profiles
 
@@ -35,6 +37,8 @@ def test_every_builtin_profile_loads(name: str) -> None:
     for pos in range(len(prof.gpus)):
         assert prof.resolved(pos, "memory") > 0
         assert prof.gpu_uuid(pos).startswith("GPU-")
+    # What profiles.dump gives is a profile file that loads back to the same profile.
+    assert profiles.parse(yaml.safe_dump(profiles.dump(prof)), source=name) == prof
 
 
 def test_builtin_profile_facts() -> None:
@@ -86,6 +90,89 @@ def test_errors_name_file_and_field(tmp_path: Path, change: tuple[str, str], fie
     assert str(path) in message
     assert field in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        pytest.param(
+            ("numaNode: 1", "numaNode: true"),
+            "gpus.1.numaNode: expected an integer, got a boolean True",
+            id="bool-is-not-int",
+        ),
+        pytest.param(
+            ('cudaDriverVersion: "13.0"', "cudaDriverVersion: 13.0"),
+            "cudaDriverVersion: expected a string, got a number 13.0",
+            id="number-is-not-string",
+        ),
+        pytest.param(
+            ('driverVersion: "580.95.05"\n', ""),
+            "driverVersion: required field missing",
+            id="required",
+        ),
+        pytest.param(
+            ("numaNode: 1}", "numaNode: 1, telemetry: {gpuUtilization: 101}}"),
+            "gpus.1.telemetry.gpuUtilization: must be at most 100, got 101",
+            id="le",
+        ),
+        pytest.param(
+            ("numaNode: 1}", "numaNode: 1, telemetry: {notSupported: [colour]}}"),
+            "gpus.1.telemetry.notSupported.0: must be one of 'utilization', 'memory', 'power', "
+            "'temperature', got a string 'colour'",
+            id="literal",
+        ),
+        pytest.param(
+            ("numaNode: 1}", "numaNode: 1, telemetry: {memoryUsed: 1 GB}}"),
+            "gpus.1.telemetry.memoryUsed: '1 GB' is not a byte size like 80Gi, 4864Mi or 1024",
+            id="bytes",
+        ),
+        pytest.param(
+            ("name: my-node", "name: my-node\nmachineType: ''"),
+            "machineType: must have a length of at least 1",
+            id="min-length",
+        ),
+        pytest.param(
+            ("name: my-node", f"name: my-node\nmachineType: {'x' * 257}"),
+            "machineType: must have a length of at most 256",
+            id="max-length",
+        ),
+        pytest.param(
+            ("gpus:\n", "gpus: []\nold:\n"),
+            "old: unknown field (accepted: name, description, driverVersion, machineType, "
+            "cudaDriverVersion, defaults, gpus, nvlink); gpus: must have a length of at least 1",
+            id="min-items-and-every-problem",
+        ),
+        pytest.param(
+            ("numaNode: 1}", "numaNode: 1, numa_node: 1}"),
+            "gpus.1.numaNode: given twice, as numaNode and numa_node",
+            id="alias-and-name",
+        ),
+        pytest.param(
+            ("name: my-node", "name: My-Node"),
+            "name: 'My-Node' does not match the pattern ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+            id="pattern",
+        ),
+    ],
+)
+def test_strict_rules_give_the_whole_message(change: tuple[str, str], problem: str) -> None:
+    assert change[0] in GOOD
+    with pytest.raises(profiles.ProfileError) as info:
+        profiles.parse(GOOD.replace(*change, 1), source="my.yaml")
+    assert str(info.value) == f"my.yaml: invalid profile: {problem}"
+
+
+def test_fields_may_be_given_by_their_python_names() -> None:
+    text = GOOD.replace("pciBusId", "pci_bus_id").replace("numaNode", "numa_node")
+    assert profiles.parse(text, source="snake") == profiles.parse(GOOD, source="camel")
+
+
+def test_a_profile_changed_in_code_is_checked_and_frozen() -> None:
+    h100 = profiles.load_builtin("dgx-h100")
+    moved = dataclasses.replace(h100.gpus[1], index=9)
+    with pytest.raises(ValueError, match=r"GPU indices must be 0\.\.7 without gaps"):
+        dataclasses.replace(h100, gpus=[h100.gpus[0], moved, *h100.gpus[2:]])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        h100.name = "other"  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ removal at unprepare, NotSupported GPUs, interval 0, and a scrape during 100 pre
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import threading
 import time
@@ -105,10 +106,10 @@ def test_a_prepared_claim_has_labelled_series_and_they_go_at_unprepare(node: Nod
 def test_a_gpu_without_telemetry_counts_errors_and_skips_values(node: Node) -> None:
     profile = profiles.load_builtin(PROFILE)
     gpus = list(profile.gpus)
-    gpus[2] = gpus[2].model_copy(
-        update={"telemetry": profiles.Telemetry(notSupported=("power", "utilization"))}
+    gpus[2] = dataclasses.replace(
+        gpus[2], telemetry=profiles.Telemetry(not_supported=("power", "utilization"))
     )
-    backend = fake.FakeBackend(profile.model_copy(update={"gpus": gpus}))
+    backend = fake.FakeBackend(dataclasses.replace(profile, gpus=gpus))
     metrics, devices = _metrics(node, backend)
     registry = prom.CollectorRegistry()
     registry.register(metrics)

@@ -15,62 +15,66 @@ demo make a GPU busy with :meth:`MigState.add_process` (the stand-in then answer
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import fcntl
+import json
 import os
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal
 
-import pydantic
-
 from dra_driver.devices import migtables, nvml
-from dra_driver.devices.fake import profiles
+from dra_driver.devices.fake import profiles, strict
 
-_MODEL = pydantic.ConfigDict(extra="forbid")
 _GI_SLOT_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}  # NVML_GPU_INSTANCE_PROFILE_*
 
+# Plain dataclasses, not frozen (MigState.edit changes them in place), read strictly from the
+# state file by dra_driver.devices.fake.strict.
 
-class ComputeInstance(pydantic.BaseModel):
-    model_config = _MODEL
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class ComputeInstance:
     id: int
     profileId: int
     slices: int
     uuid: str  # the MIG device's UUID (a new one each time an instance is created)
 
 
-class GpuInstance(pydantic.BaseModel):
-    model_config = _MODEL
+@dataclasses.dataclass(slots=True, kw_only=True)
+class GpuInstance:
     id: int
     profileId: int
     slot: int
     name: str
     start: int
     size: int
-    computeInstances: list[ComputeInstance] = pydantic.Field(default_factory=list)
+    computeInstances: list[ComputeInstance] = dataclasses.field(default_factory=list)
 
 
-class Process(pydantic.BaseModel):
-    model_config = _MODEL
+@dataclasses.dataclass(slots=True, kw_only=True)
+class Process:
     pid: int
     usedGpuMemory: int = 0
     gpuInstanceId: int | None = None
     computeInstanceId: int | None = None
 
 
-class GpuMig(pydantic.BaseModel):
+@dataclasses.dataclass(slots=True, kw_only=True)
+class GpuMig:
     """One MIG-capable GPU: current and pending MIG mode (NVML values), its instances."""
 
-    model_config = _MODEL
     mode: int
     pending: int
-    instances: list[GpuInstance] = pydantic.Field(default_factory=list)
-    processes: list[Process] = pydantic.Field(default_factory=list)
+    instances: list[GpuInstance] = dataclasses.field(default_factory=list)
+    processes: list[Process] = dataclasses.field(default_factory=list)
 
 
-class Document(pydantic.BaseModel):
-    model_config = _MODEL
+@dataclasses.dataclass(slots=True, kw_only=True)
+class Document:
+    """The state file (JSON): field names as NVML's, unknown fields refused."""
+
     version: Literal[1] = 1
     kind: Literal["FakeMigState"] = "FakeMigState"
     gpus: dict[str, GpuMig]  # by GPU UUID
@@ -84,8 +88,8 @@ class MigState:
     """The MIG state of a fake node's GPUs, by GPU UUID; safe across threads and processes."""
 
     def __init__(self, initial: Mapping[str, GpuMig], *, state_file: Path | None = None) -> None:
-        self._initial = {uuid: gpu.model_copy(deep=True) for uuid, gpu in initial.items()}
-        self._memory = {uuid: gpu.model_copy(deep=True) for uuid, gpu in initial.items()}
+        self._initial = {uuid: copy.deepcopy(gpu) for uuid, gpu in initial.items()}
+        self._memory = {uuid: copy.deepcopy(gpu) for uuid, gpu in initial.items()}
         self.state_file = state_file
         self._lock = threading.RLock()
 
@@ -154,23 +158,23 @@ class MigState:
 
     def _load(self) -> dict[str, GpuMig]:
         if self.state_file is None:
-            return {uuid: gpu.model_copy(deep=True) for uuid, gpu in self._memory.items()}
+            return {uuid: copy.deepcopy(gpu) for uuid, gpu in self._memory.items()}
         try:
             raw = self.state_file.read_bytes()
         except FileNotFoundError:
-            return {uuid: gpu.model_copy(deep=True) for uuid, gpu in self._initial.items()}
+            return {uuid: copy.deepcopy(gpu) for uuid, gpu in self._initial.items()}
         except OSError as exc:
             raise MigStateError(f"cannot read {self.state_file}: {exc.strerror or exc}") from exc
         try:
-            return Document.model_validate_json(raw).gpus
-        except pydantic.ValidationError as exc:
+            return strict.decode(Document, json.loads(raw)).gpus
+        except ValueError as exc:  # not JSON (or not UTF-8), or not the format
             raise MigStateError(f"fake MIG state {self.state_file} is unreadable: {exc}") from exc
 
     def _store(self, state: dict[str, GpuMig]) -> None:
         if self.state_file is None:
             self._memory = state
             return
-        data = Document(gpus=state).model_dump_json(indent=1).encode()
+        data = json.dumps(strict.encode(Document(gpus=state)), indent=1).encode()
         temporary = self.state_file.with_name(f".{self.state_file.name}.tmp")
         try:
             temporary.write_bytes(data)

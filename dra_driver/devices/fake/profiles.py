@@ -3,23 +3,27 @@
 A profile is what lets the whole driver run on a laptop or CI machine: the fake NVML stand-in
 (:mod:`dra_driver.devices.fake.fakenvml`) answers NVML calls from it. Built-in profiles ship as
 package data; ``--fake-file FILE`` loads a user's own. The format is documented in
-``docs/profiles.md``; every mistake is reported with the file and the field at fault.
+``docs/profiles.md``; every mistake is reported with the file and the field at fault. The models
+are frozen dataclasses read by :mod:`~dra_driver.devices.fake.strict` (a fake agent has no need
+of pydantic, as an agent on real GPUs has none).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import re
 import uuid as uuidlib
+from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import pydantic
 import yaml
 
 from dra_driver.devices import migtables
+from dra_driver.devices.fake import strict
+from dra_driver.devices.fake.strict import rules
 
-_CAMEL = pydantic.ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 _UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 _BYTES = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)?$")
 
@@ -38,142 +42,149 @@ def parse_bytes(value: object) -> int:
     return int(match.group(1)) * _UNITS[match.group(2) or ""]
 
 
-Bytes = Annotated[int, pydantic.BeforeValidator(parse_bytes)]
+Bytes = Annotated[int, strict.Parser(parse_bytes)]
 
 
-class Fabric(pydantic.BaseModel):
-    model_config = _CAMEL
-    cluster_uuid: str = pydantic.Field(alias="clusterUUID")
-    clique_id: int = pydantic.Field(alias="cliqueId", ge=0)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Fabric:
+    cluster_uuid: str = field(metadata=rules(alias="clusterUUID"))
+    clique_id: int = field(metadata=rules(alias="cliqueId", ge=0))
     state: str = "completed"
 
 
-class MigSpec(pydantic.BaseModel):
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class MigSpec:
     """One MIG device (GPU instance + compute instance) on a GPU in MIG mode."""
 
-    model_config = _CAMEL
-    profile: str = pydantic.Field(pattern=r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)*$")
-    placement_start: int = pydantic.Field(alias="placementStart", ge=0)
-    placement_size: int = pydantic.Field(alias="placementSize", ge=1)
+    profile: str = field(metadata=rules(pattern=r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)*$"))
+    placement_start: int = field(metadata=rules(alias="placementStart", ge=0))
+    placement_size: int = field(metadata=rules(alias="placementSize", ge=1))
     memory: Bytes
-    multiprocessors: int = pydantic.Field(ge=1)
-    copy_engines: int = pydantic.Field(default=1, alias="copyEngines", ge=0)
-    decoders: int = pydantic.Field(default=0, ge=0)
-    encoders: int = pydantic.Field(default=0, ge=0)
-    jpeg_engines: int = pydantic.Field(default=0, alias="jpegEngines", ge=0)
-    ofa_engines: int = pydantic.Field(default=0, alias="ofaEngines", ge=0)
+    multiprocessors: int = field(metadata=rules(ge=1))
+    copy_engines: int = field(default=1, metadata=rules(alias="copyEngines", ge=0))
+    decoders: int = field(default=0, metadata=rules(ge=0))
+    encoders: int = field(default=0, metadata=rules(ge=0))
+    jpeg_engines: int = field(default=0, metadata=rules(alias="jpegEngines", ge=0))
+    ofa_engines: int = field(default=0, metadata=rules(alias="ofaEngines", ge=0))
     uuid: str | None = None
 
 
 TelemetryValue = Literal["utilization", "memory", "power", "temperature"]
 
 
-class Telemetry(pydantic.BaseModel):
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Telemetry:
     """What the fake NVML reports as a GPU's telemetry; unset values are derived from the GPU's
     index (deterministic). ``notSupported``: values NVML refuses for it (NotSupported)."""
 
-    model_config = _CAMEL
-    gpu_utilization: int | None = pydantic.Field(default=None, alias="gpuUtilization", ge=0, le=100)
-    memory_utilization: int | None = pydantic.Field(
-        default=None, alias="memoryUtilization", ge=0, le=100
+    gpu_utilization: int | None = field(
+        default=None, metadata=rules(alias="gpuUtilization", ge=0, le=100)
     )
-    memory_used: Bytes | None = pydantic.Field(default=None, alias="memoryUsed")
-    power_watts: float | None = pydantic.Field(default=None, alias="powerWatts", ge=0)
-    temperature: int | None = pydantic.Field(default=None, ge=0, le=150)
-    not_supported: tuple[TelemetryValue, ...] = pydantic.Field(default=(), alias="notSupported")
+    memory_utilization: int | None = field(
+        default=None, metadata=rules(alias="memoryUtilization", ge=0, le=100)
+    )
+    memory_used: Bytes | None = field(default=None, metadata=rules(alias="memoryUsed"))
+    power_watts: float | None = field(default=None, metadata=rules(alias="powerWatts", ge=0))
+    temperature: int | None = field(default=None, metadata=rules(ge=0, le=150))
+    not_supported: tuple[TelemetryValue, ...] = field(
+        default=(), metadata=rules(alias="notSupported")
+    )
 
 
-class GpuDefaults(pydantic.BaseModel):
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GpuDefaults:
     """Fields shared by all GPUs of a profile unless a GPU overrides them."""
 
-    model_config = _CAMEL
-    product_name: str | None = pydantic.Field(default=None, alias="productName")
+    product_name: str | None = field(default=None, metadata=rules(alias="productName"))
     brand: str | None = None
     architecture: str | None = None
-    cuda_compute_capability: str | None = pydantic.Field(
-        default=None, alias="cudaComputeCapability", pattern=r"^[0-9]+\.[0-9]+$"
+    cuda_compute_capability: str | None = field(
+        default=None, metadata=rules(alias="cudaComputeCapability", pattern=r"^[0-9]+\.[0-9]+$")
     )
     memory: Bytes | None = None
     fabric: Fabric | None = None
     # MIG support with MIG mode off (NVML reports the mode as disabled instead of NotSupported).
     # A GPU with ``mig`` is MIG-capable whatever this says.
-    mig_capable: bool | None = pydantic.Field(default=None, alias="migCapable")
+    mig_capable: bool | None = field(default=None, metadata=rules(alias="migCapable"))
     # MIG-capable: the built-in profile table of this GPU model (dra_driver/devices/migtables.py).
-    mig_profiles: str | None = pydantic.Field(default=None, alias="migProfiles")
+    mig_profiles: str | None = field(default=None, metadata=rules(alias="migProfiles"))
     # Fake telemetry (utilization, memory used, power, temperature) and what NVML refuses.
     telemetry: Telemetry | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GpuSpec(GpuDefaults):
     """One GPU. Index defaults to its position in the list, minor to its index."""
 
-    index: int | None = pydantic.Field(default=None, ge=0)
-    minor: int | None = pydantic.Field(default=None, ge=0)
+    index: int | None = field(default=None, metadata=rules(ge=0))
+    minor: int | None = field(default=None, metadata=rules(ge=0))
     uuid: str | None = None
-    pci_bus_id: str = pydantic.Field(
-        alias="pciBusId", pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
+    pci_bus_id: str = field(
+        metadata=rules(
+            alias="pciBusId", pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
+        )
     )
-    pcie_root: str | None = pydantic.Field(
-        default=None, alias="pcieRoot", pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$"
+    pcie_root: str | None = field(
+        default=None, metadata=rules(alias="pcieRoot", pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
     )
-    pcie_switch: str | None = pydantic.Field(default=None, alias="pcieSwitch")
-    numa_node: int | None = pydantic.Field(default=None, alias="numaNode", ge=0)
+    pcie_switch: str | None = field(default=None, metadata=rules(alias="pcieSwitch"))
+    numa_node: int | None = field(default=None, metadata=rules(alias="numaNode", ge=0))
     mig: list[MigSpec] | None = None  # present (even empty) = MIG mode on, with these instances
 
 
-class NvlinkPair(pydantic.BaseModel):
-    model_config = _CAMEL
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NvlinkPair:
     gpus: tuple[int, int]
-    links: int = pydantic.Field(ge=1)
+    links: int = field(metadata=rules(ge=1))
 
 
-class Nvlink(pydantic.BaseModel):
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Nvlink:
     """Exactly one of: ``switched`` (links per GPU into NVSwitches), ``matrix``, ``pairs``."""
 
-    model_config = _CAMEL
-    switched: int | None = pydantic.Field(default=None, ge=1)
+    switched: int | None = field(default=None, metadata=rules(ge=1))
     matrix: list[list[int]] | None = None
     pairs: list[NvlinkPair] | None = None
 
-    @pydantic.model_validator(mode="after")
-    def _one_kind(self) -> Nvlink:
+    def __post_init__(self) -> None:
         given = [k for k in ("switched", "matrix", "pairs") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of switched, matrix, pairs (got {given or 'none'})")
-        return self
 
 
-class Profile(pydantic.BaseModel):
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
     """A whole node: driver versions, per-GPU facts and the NVLink wiring."""
 
-    model_config = _CAMEL
-    name: str = pydantic.Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    name: str = field(metadata=rules(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))
     description: str = ""
-    driver_version: str = pydantic.Field(alias="driverVersion", pattern=r"^[0-9]+(\.[0-9]+)+$")
+    driver_version: str = field(
+        metadata=rules(alias="driverVersion", pattern=r"^[0-9]+(\.[0-9]+)+$")
+    )
     # The DMI product name (/sys/class/dmi/id/product_name); absent = the platform reports none.
-    machine_type: str | None = pydantic.Field(
-        default=None, alias="machineType", min_length=1, max_length=256
+    machine_type: str | None = field(
+        default=None, metadata=rules(alias="machineType", min_length=1, max_length=256)
     )
-    cuda_driver_version: str = pydantic.Field(
-        alias="cudaDriverVersion", pattern=r"^[0-9]+\.[0-9]+$"
+    cuda_driver_version: str = field(
+        metadata=rules(alias="cudaDriverVersion", pattern=r"^[0-9]+\.[0-9]+$")
     )
-    defaults: GpuDefaults = GpuDefaults()
-    gpus: list[GpuSpec] = pydantic.Field(min_length=1)
+    defaults: GpuDefaults = field(default_factory=GpuDefaults)
+    gpus: list[GpuSpec] = field(metadata=rules(min_length=1))
     nvlink: Nvlink | None = None
 
-    @pydantic.model_validator(mode="after")
-    def _consistent(self) -> Profile:
+    def __post_init__(self) -> None:
+        """Cross-field checks (also for a profile built or changed in code)."""
         n = len(self.gpus)
         for i, gpu in enumerate(self.gpus):
-            for field in (
+            for name in (
                 "product_name",
                 "brand",
                 "architecture",
                 "cuda_compute_capability",
                 "memory",
             ):
-                if getattr(gpu, field) is None and getattr(self.defaults, field) is None:
-                    raise ValueError(f"gpus[{i}]: {field} is not set and has no default")
+                if getattr(gpu, name) is None and getattr(self.defaults, name) is None:
+                    raise ValueError(f"gpus[{i}]: {name} is not set and has no default")
         for i in range(n):
             _check_mig(i, self.resolved(i, "mig_profiles"), self.gpus[i].mig)
         indices = [g.index if g.index is not None else i for i, g in enumerate(self.gpus)]
@@ -192,7 +203,6 @@ class Profile(pydantic.BaseModel):
                 a, b = pair.gpus
                 if a == b or not (0 <= a < n and 0 <= b < n):
                     raise ValueError(f"nvlink.pairs: bad GPU pair {list(pair.gpus)}")
-        return self
 
     def gpu_index(self, position: int) -> int:
         gpu = self.gpus[position]
@@ -304,10 +314,13 @@ def parse(text: str, *, source: str) -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: a profile must be a YAML mapping")
     try:
-        return Profile.model_validate(data)
-    except pydantic.ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<profile>'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise ProfileError(f"{source}: invalid profile: {problems}") from exc
+        return strict.decode(Profile, data)
+    except strict.DecodeError as exc:
+        raise ProfileError(f"{source}: invalid profile: {exc}") from exc
+
+
+def dump(profile: Profile) -> dict[str, Any]:
+    """The profile as the mapping a profile file holds (camelCase keys, unset fields left out):
+    ``yaml.safe_dump`` it to hand a changed profile to an agent process."""
+    data: dict[str, Any] = strict.encode(profile, exclude_none=True)
+    return data
