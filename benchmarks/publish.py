@@ -20,6 +20,7 @@ Run: ``python benchmarks/publish.py [--repeats N]``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -57,7 +58,7 @@ def l4_node(gpus: int) -> profiles.Profile:
 
 
 def without_last_gpu(profile: profiles.Profile) -> profiles.Profile:
-    return profile.model_copy(update={"gpus": profile.gpus[:-1], "nvlink": None})
+    return dataclasses.replace(profile, gpus=profile.gpus[:-1], nvlink=None)
 
 
 def slices_for(profile: profiles.Profile) -> list[dict[str, Any]]:
