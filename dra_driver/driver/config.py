@@ -42,10 +42,13 @@ into the claim's CDI spec (:mod:`dra_driver.driver.cdi`); the user-facing descri
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
-from typing import Final, Literal
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from dra_driver.driver import claims, nvidia_config
+
+if TYPE_CHECKING:
+    from dra_driver.driver import configmodels
 
 API_VERSION: Final = "gpu.nvidia.com/v1"
 KIND: Final = "GpuConfig"
@@ -128,23 +131,20 @@ def decode_for(entry: claims.OpaqueConfig, *, ref: claims.ClaimRef) -> tuple[str
     where = f"{ref}: opaque {entry.describe()}"
     params = entry.parameters
     if params.get("apiVersion") == nvidia_config.API_VERSION:
+        from dra_driver.driver import nvidiamodels  # pydantic: only for a config to decode
+
         try:
-            kind, sharing = nvidia_config.decode(params)
+            kind, sharing = nvidiamodels.decode(params)
         except nvidia_config.NvidiaConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-        params = {"apiVersion": API_VERSION, "kind": KIND, "sharing": sharing}
-        from dra_driver.driver import configmodels  # pydantic: only for a config to decode
-
-        return kind, configmodels.gpu_config(params, where)
+        return kind, _decoded({"apiVersion": API_VERSION, "kind": KIND, "sharing": sharing}, where)
     if params.get("apiVersion") != API_VERSION or params.get("kind") != KIND:
         raise ConfigError(
             f"{where}: unsupported apiVersion/kind {params.get('apiVersion')!r}/"
             f"{params.get('kind')!r} (this driver understands {API_VERSION} {KIND}, and "
             f"{nvidia_config.API_VERSION} {' and '.join(nvidia_config.KINDS)})"
         )
-    from dra_driver.driver import configmodels  # pydantic: only for a config to decode
-
-    return None, configmodels.gpu_config(params, where)
+    return None, _decoded(params, where)
 
 
 def decode(entry: claims.OpaqueConfig, *, ref: claims.ClaimRef) -> GpuConfig:
@@ -157,7 +157,8 @@ def recorded_sharing(raw: object) -> Sharing | None:
     None when it does not decode."""
     from dra_driver.driver import configmodels  # pydantic: only for a config to decode
 
-    return configmodels.sharing(raw)
+    found = configmodels.sharing(raw)
+    return _plain(found) if found is not None else None
 
 
 def effective(
@@ -185,6 +186,39 @@ def effective(
             env={**merged.env, **cfg.env},
         )
     return merged
+
+
+def _decoded(params: Mapping[str, Any], where: str) -> GpuConfig:
+    """``params`` decoded strictly (:class:`ConfigError` naming ``where`` and every field)."""
+    from dra_driver.driver import configmodels  # pydantic: only for a config to decode
+
+    try:
+        model = configmodels.gpu_config(params)
+    except configmodels.Invalid as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    found = model.sharing
+    return GpuConfig(sharing=_plain(found) if found is not None else None, env=dict(model.env))
+
+
+def _plain(model: configmodels.Sharing) -> Sharing:
+    slicing, mps = model.time_slicing, model.mps
+    return Sharing(
+        strategy=model.strategy,
+        time_slicing=TimeSlicing(slicing.interval) if slicing is not None else None,
+        mps=(
+            Mps(
+                active_thread_percentage=mps.active_thread_percentage,
+                pinned_device_memory_limit=mps.pinned_device_memory_limit,
+                per_device_pinned_memory_limits=(
+                    dict(mps.per_device_pinned_memory_limits)
+                    if mps.per_device_pinned_memory_limits is not None
+                    else None
+                ),
+            )
+            if mps is not None
+            else None
+        ),
+    )
 
 
 _KIND_WORDS = {"gpu": "full GPUs", "mig": "MIG devices"}

@@ -2,11 +2,11 @@
 
 Why its own module: most claims carry no opaque config, and a node agent that never decodes one
 should not load pydantic and build these models (memory on every GPU node).
-:mod:`dra_driver.driver.config` is where callers decode and merge configs; it imports this module
-only when there is an entry to decode (or a recorded ``sharing`` to read back), and this module
-hands back :mod:`~dra_driver.driver.config`'s plain dataclasses, so a decoded config and the
-default one are the same type. The class names are part of the error text (pydantic names the
-model it expected), so they are the format's own names.
+:mod:`dra_driver.driver.config` is where callers decode and merge configs (the format is
+described there); it imports this module only when there is an entry to decode (or a recorded
+``sharing`` to read back) and turns what this module validated into its plain dataclasses, so a
+decoded config and the default one are the same type. The class names are part of the error
+text (pydantic names the model it expected), so they are the format's own names.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from dra_driver.driver import config, nvidia_config
+from dra_driver.driver import nvidia_config
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _STRICT = pydantic.ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -44,7 +44,7 @@ class Mps(pydantic.BaseModel):
     @classmethod
     def _limit(cls, text: str | None) -> str | None:
         if text is not None:
-            config.memory_limit(text)
+            nvidia_config.memory_limit(text)
         return text
 
     @pydantic.field_validator("per_device_pinned_memory_limits")
@@ -52,7 +52,7 @@ class Mps(pydantic.BaseModel):
     def _limits(cls, limits: dict[str, str] | None) -> dict[str, str] | None:
         for key, text in (limits or {}).items():
             nvidia_config.device_key(key)
-            config.memory_limit(text)
+            nvidia_config.memory_limit(text)
         return limits
 
 
@@ -69,26 +69,6 @@ class Sharing(pydantic.BaseModel):
         if self.mps is not None and self.strategy != "MPS":
             raise ValueError("mps may only be set with strategy MPS")
         return self
-
-    def plain(self) -> config.Sharing:
-        slicing, mps = self.time_slicing, self.mps
-        return config.Sharing(
-            strategy=self.strategy,
-            time_slicing=config.TimeSlicing(slicing.interval) if slicing is not None else None,
-            mps=(
-                config.Mps(
-                    active_thread_percentage=mps.active_thread_percentage,
-                    pinned_device_memory_limit=mps.pinned_device_memory_limit,
-                    per_device_pinned_memory_limits=(
-                        dict(mps.per_device_pinned_memory_limits)
-                        if mps.per_device_pinned_memory_limits is not None
-                        else None
-                    ),
-                )
-                if mps is not None
-                else None
-            ),
-        )
 
 
 class GpuConfig(pydantic.BaseModel):
@@ -107,21 +87,21 @@ class GpuConfig(pydantic.BaseModel):
         return env
 
 
-def gpu_config(params: Mapping[str, Any], where: str) -> config.GpuConfig:
-    """``params`` decoded strictly; :class:`~.config.ConfigError` (``where``: every field)."""
+class Invalid(ValueError):
+    """A config does not decode; the message names every field and why."""
+
+
+def gpu_config(params: Mapping[str, Any]) -> GpuConfig:
+    """``params`` decoded strictly; :class:`Invalid` names every field that is wrong."""
     try:
-        model = GpuConfig.model_validate(dict(params))
+        return GpuConfig.model_validate(dict(params))
     except pydantic.ValidationError as exc:
-        problems = "; ".join(nvidia_config.describe(err) for err in exc.errors())
-        raise config.ConfigError(f"{where}: {problems}") from None
-    return config.GpuConfig(
-        sharing=model.sharing.plain() if model.sharing is not None else None, env=dict(model.env)
-    )
+        raise Invalid("; ".join(nvidia_config.describe(err) for err in exc.errors())) from None
 
 
-def sharing(raw: object) -> config.Sharing | None:
+def sharing(raw: object) -> Sharing | None:
     """A recorded ``sharing`` (JSON) decoded; None when it does not decode."""
     try:
-        return Sharing.model_validate(raw).plain()
+        return Sharing.model_validate(raw)
     except pydantic.ValidationError:
         return None

@@ -21,17 +21,16 @@ The meaning, as in NVIDIA's driver:
 * ``timeSlicingConfig`` with strategy MPS, or ``mpsConfig`` with TimeSlicing, is an error (NVIDIA's
   driver fails the claim when it applies such a config).
 
-No dependency on the rest of the driver: :mod:`dra_driver.driver.config` calls :func:`decode`.
-The pydantic models live in :mod:`dra_driver.driver.nvidiamodels`, imported by :func:`decode`
-only when there is such a config to decode (most claims have none, and an agent that sees none
-never loads pydantic for them); what stays here is what callers and error messages use.
+No dependency on the rest of the driver. This module holds the API's names, limits and error
+wording; its pydantic models and the translation are :mod:`dra_driver.driver.nvidiamodels`,
+which :mod:`dra_driver.driver.config` imports only when a claim has such a config to decode (most
+claims have none, and an agent that sees none never loads pydantic for them).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Final
 
 from dra_driver.apimachinery import quantity
 
@@ -67,19 +66,6 @@ def device_key(key: str) -> str:
     if not _DEVICE_KEY.match(key):
         raise ValueError(f"{key!r} is neither a device UUID nor a device index")
     return key
-
-
-def decode(params: Mapping[str, Any]) -> tuple[Literal["gpu", "mig"], dict[str, Any]]:
-    """Decode, default and validate one config: (the device kind it is for, our ``sharing``)."""
-    kind = params.get("kind")
-    if kind not in KINDS:
-        raise NvidiaConfigError(
-            f"unsupported kind {kind!r} of {API_VERSION} (this driver understands "
-            f"{' and '.join(KINDS)})"
-        )
-    from dra_driver.driver import nvidiamodels  # pydantic: only for a config to decode
-
-    return nvidiamodels.decode(params)
 
 
 def describe(err: pydantic_core.ErrorDetails) -> str:

@@ -1,10 +1,11 @@
 """The pydantic models of NVIDIA's ``resource.nvidia.com/v1beta1`` configs, and their meaning.
 
 Why its own module: most claims carry no opaque config, and a node agent that never decodes one
-should not load pydantic and build these models (memory on every GPU node). The entry point is
-:func:`dra_driver.driver.nvidia_config.decode`, which imports this module only when there is an
-NVIDIA config to decode; the API, its defaults and its meaning are described there. The class
-names are part of the error text (pydantic names the expected model), so they stay as they are.
+should not load pydantic and build these models (memory on every GPU node).
+:func:`dra_driver.driver.config.decode` imports this module only when there is an NVIDIA config
+to decode and calls :func:`decode`; the API, its defaults and its meaning are described in
+:mod:`dra_driver.driver.nvidia_config`. The class names are part of the error text (pydantic
+names the model it expected), so they stay as they are.
 """
 
 from __future__ import annotations
@@ -163,10 +164,15 @@ def _validate(model: type[GpuConfig] | type[MigDeviceConfig], params: Mapping[st
 
 
 def decode(params: Mapping[str, Any]) -> tuple[Literal["gpu", "mig"], dict[str, Any]]:
-    """A config of a kind in :data:`~.nvidia_config.KINDS`: (the device kind it is for, our
-    ``sharing``), validated and with NVIDIA's defaults filled in."""
-    if params.get("kind") == nvidia_config.GPU_CONFIG:
+    """Decode, default and validate one config: (the device kind it is for, our ``sharing``)."""
+    kind = params.get("kind")
+    if kind == nvidia_config.GPU_CONFIG:
         gpu = _validate(GpuConfig, params)
         return "gpu", _gpu_sharing(gpu.sharing)
-    mig = _validate(MigDeviceConfig, params)
-    return "mig", _mig_sharing(mig.sharing)
+    if kind == nvidia_config.MIG_DEVICE_CONFIG:
+        mig = _validate(MigDeviceConfig, params)
+        return "mig", _mig_sharing(mig.sharing)
+    raise nvidia_config.NvidiaConfigError(
+        f"unsupported kind {kind!r} of {nvidia_config.API_VERSION} (this driver understands "
+        f"{' and '.join(nvidia_config.KINDS)})"
+    )
