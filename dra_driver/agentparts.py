@@ -8,7 +8,7 @@ the fault suite and the demo also do one part at a time (``app`` re-exports the 
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -28,7 +28,7 @@ from dra_driver.driver import (
     driverfiles,
     instances,
     inventory,
-    mpsclaims,
+    lazymps,
     sharing,
     state,
 )
@@ -38,9 +38,12 @@ from dra_driver.kube import api as kube
 from dra_driver.kube import objectclient
 from dra_driver.nodelabels import agent as nodelabels
 from dra_driver.nodelabels import compute as labels_compute
-from dra_driver.nodeparts import gpu_control_for, mps_daemons_for
+from dra_driver.nodeparts import gpu_control_for, mps_daemons_for, mps_root
 from dra_driver.pluginsettings import PluginSettings
 from dra_driver.slices import allocwatch, leader, nodepublisher, serverfeatures
+
+if TYPE_CHECKING:
+    from dra_driver.driver import mpsclaims
 
 
 class Stoppable(Protocol):
@@ -111,21 +114,21 @@ def build_driver(
                 else None
             ),
         ),
-        mps=mpsclaims.MpsClaims(
-            daemons=mps_daemons_for(
+        mps=lazymps.LazyMpsClaims(
+            build=lambda: _mps_claims(
                 settings,
                 files=files,
                 gpu_control=control_,
                 log=log,
                 api=api,
-                devices=preparable,
+                devices=devices,
+                preparable=preparable,
+                store=store,
                 metrics=metrics,
             ),
+            root=mps_root(settings),
             store=store,
-            devices=preparable,
-            gpu_memory=mpsclaims.gpu_memory(devices),
-            driver_name=settings.driver_name,
-            log=log,
+            eager=bool(settings.mps_daemon_image),
         ),
         mig_instances=mig_mod.MigInstances(control=mig_control, devices=preparable, log=log),
         device_taints=device_taints,
@@ -156,6 +159,40 @@ def build_driver(
     )
     driver.update_gauges()
     return driver
+
+
+def _mps_claims(
+    settings: PluginSettings,
+    *,
+    files: tuple[driverfiles.Mount, ...],
+    gpu_control: control.GpuControl,
+    log: structlog.typing.FilteringBoundLogger,
+    api: kube.KubeApi,
+    devices: model.NodeDevices,
+    preparable: inventory.Inventory,
+    store: checkpoint.Checkpoint,
+    metrics: metrics_mod.DriverMetrics | None,
+) -> mpsclaims.MpsClaims:
+    """MPS for claims, with its daemons (built when a claim first needs them: lazymps)."""
+    from dra_driver.driver import mpsclaims
+
+    daemons = mps_daemons_for(
+        settings,
+        files=files,
+        gpu_control=gpu_control,
+        log=log,
+        api=api,
+        devices=preparable,
+        metrics=metrics,
+    )
+    return mpsclaims.MpsClaims(
+        daemons=daemons,
+        store=store,
+        devices=preparable,
+        gpu_memory=mpsclaims.gpu_memory(devices),
+        driver_name=settings.driver_name,
+        log=log,
+    )
 
 
 def start_publisher(

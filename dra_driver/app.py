@@ -45,9 +45,7 @@ from dra_driver.devices import (
     migprofiles,
 )
 from dra_driver.driver import driver as driver_mod
-from dra_driver.driver import (
-    mpsprocess,
-)
+from dra_driver.driver import periodic
 from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.nodeparts import gpu_control_for, mig_control_for, mps_daemons_for
@@ -209,7 +207,7 @@ def run(
     )
     cleanup = driver_mod.CleanupLoop(driver=driver, interval_s=settings.cleanup_interval_s, log=log)
     supervisor = (
-        mpsprocess.Supervisor(
+        periodic.MpsSupervisor(
             check=driver.state.mps.check, interval_s=settings.mps_check_interval_s, log=log
         )
         if driver.state.mps is not None

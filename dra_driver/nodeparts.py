@@ -12,25 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from dra_driver.devices import backend as devices_backend
 from dra_driver.devices import control, fake, migcontrol, model, nvml
-from dra_driver.driver import (
-    cdi,
-    checkpoint,
-    driverfiles,
-    inventory,
-    mps,
-    mpspod,
-    mpspodspec,
-    mpsprocess,
-    mpsrecords,
-    mpsrunner,
-)
+from dra_driver.driver import cdi, checkpoint, driverfiles, inventory
 from dra_driver.kube import api as kube
 from dra_driver.pluginsettings import PluginSettings
+
+if TYPE_CHECKING:  # the MPS modules load with the first claim that needs them (lazymps)
+    from dra_driver.driver import mps, mpsprocess, mpsrecords, mpsrunner
 
 
 def gpu_control_for(
@@ -54,6 +47,11 @@ def gpu_control_for(
     )
 
 
+def mps_root(settings: PluginSettings) -> Path:
+    """Where the MPS control daemons' records and directories are: ``<plugin dir>/mps``."""
+    return settings.plugin_dir / "mps"
+
+
 def mps_daemons_for(
     settings: PluginSettings,
     *,
@@ -69,6 +67,8 @@ def mps_daemons_for(
     ``settings.mps_daemon_image`` each runs in a Pod of its own on this node (through ``api``;
     ``devices`` gives a GPU's device nodes), else as a process of the agent, in a mount
     namespace whose ``/dev/shm`` is the directory its clients get."""
+    from dra_driver.driver import mps, mpsprocess
+
     root_seen = settings.driver_root_mount or settings.driver_root
     command, env = mpsprocess.program(
         fake=settings.fake, files=files, driver_root_is_slash=root_seen == Path("/")
@@ -79,7 +79,7 @@ def mps_daemons_for(
             raise ValueError("MPS daemon Pods need the API server and the node's devices")
         runner = _pod_runner(settings, api=api, devices=devices, log=log.bind(component="mps"))
     return mps.MpsDaemons(
-        root=settings.plugin_dir / "mps",
+        root=mps_root(settings),
         command=command,
         gpu_control=gpu_control,
         boot_id=checkpoint.read_boot_id(settings.boot_id_file),
@@ -105,6 +105,7 @@ def _pod_runner(
         return known.device_nodes if known is not None else ()
 
     def build(processes: mpsprocess.Processes) -> mpsrunner.DaemonRunner:
+        from dra_driver.driver import mpspod, mpspodspec
         from dra_driver.kube import objectclient  # the client library, only when it is needed
 
         template = mpspodspec.PodTemplate(

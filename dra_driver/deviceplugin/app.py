@@ -19,7 +19,7 @@ from dra_driver import health_server, logs
 from dra_driver.deviceplugin import allocate, cdi, inventory, registrar, service
 from dra_driver.deviceplugin import mps as mps_replicas
 from dra_driver.devices import control, health, model, nvml, topology
-from dra_driver.driver import checkpoint, driverfiles, mps, mpsprocess
+from dra_driver.driver import checkpoint, driverfiles, mps, mpsprocess, periodic
 
 _log = logs.get("deviceplugin.app")
 
@@ -95,7 +95,7 @@ class DevicePluginApp:
             else None
         )
         # Restarts a daemon that died (every few seconds while MPS replicas are served).
-        self._supervisor = mpsprocess.Supervisor(
+        self._supervisor = periodic.MpsSupervisor(
             check=self.daemons.supervise, interval_s=config.mps_check_interval_s, log=_log
         )
         topo = topology.build(devices)

@@ -28,35 +28,34 @@ Several configs can apply to one device (class configs first, then claim configs
 merged in that order: a later ``sharing`` replaces an earlier one, ``env`` entries are merged
 with later values winning.
 
-This module only decodes and merges. The merged ``sharing`` is applied to the GPU at prepare by
-:mod:`dra_driver.driver.sharing` (time-slicing) and :mod:`dra_driver.driver.mps` (MPS), and
-restored at unprepare; ``env`` goes into the claim's CDI spec (:mod:`dra_driver.driver.cdi`); the
-user-facing description is ``docs/config.md``.
+This module only decodes and merges, and without pydantic where there is nothing to decode: a
+device without config entries gets :data:`DEFAULT` at once, and the strict pydantic models
+(:mod:`dra_driver.driver.configmodels`) are imported only for an entry to decode, then give
+their result as the plain frozen dataclasses below, the one type callers ever see.
+
+The merged ``sharing`` is applied to the GPU at prepare by :mod:`dra_driver.driver.sharing`
+(time-slicing) and :mod:`dra_driver.driver.mps` (MPS), and restored at unprepare; ``env`` goes
+into the claim's CDI spec (:mod:`dra_driver.driver.cdi`); the user-facing description is
+``docs/config.md``.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, Literal, TypeVar
-
-import pydantic
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from dra_driver.driver import claims, nvidia_config
 
+if TYPE_CHECKING:
+    from dra_driver.driver import configmodels
+
 API_VERSION: Final = "gpu.nvidia.com/v1"
 KIND: Final = "GpuConfig"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_STRICT = pydantic.ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
 class ConfigError(claims.ClaimError):
     """An opaque config of our driver does not decode; names the claim, entry and field."""
-
-
-class TimeSlicing(pydantic.BaseModel):
-    model_config = _STRICT
-    interval: Literal["Default", "Short", "Medium", "Long"] = "Default"
 
 
 def memory_limit(text: str) -> int:
@@ -64,75 +63,67 @@ def memory_limit(text: str) -> int:
     return nvidia_config.memory_limit(text)
 
 
-class Mps(pydantic.BaseModel):
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimeSlicing:
+    interval: Literal["Default", "Short", "Medium", "Long"] = "Default"
+
+    def to_json(self) -> dict[str, object]:
+        return {"interval": self.interval}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Mps:
     """Limits for the processes of a claim that uses a GPU through MPS."""
 
-    model_config = _STRICT
-    active_thread_percentage: int | None = pydantic.Field(
-        default=None, alias="activeThreadPercentage", ge=0, le=100, strict=True
-    )
-    pinned_device_memory_limit: str | None = pydantic.Field(
-        default=None, alias="pinnedDeviceMemoryLimit"
-    )
-    per_device_pinned_memory_limits: dict[str, str] | None = pydantic.Field(
-        default=None, alias="perDevicePinnedMemoryLimits"
-    )
+    active_thread_percentage: int | None = None
+    pinned_device_memory_limit: str | None = None
+    per_device_pinned_memory_limits: dict[str, str] | None = None
 
-    @pydantic.field_validator("pinned_device_memory_limit")
-    @classmethod
-    def _limit(cls, text: str | None) -> str | None:
-        if text is not None:
-            memory_limit(text)
-        return text
-
-    @pydantic.field_validator("per_device_pinned_memory_limits")
-    @classmethod
-    def _limits(cls, limits: dict[str, str] | None) -> dict[str, str] | None:
-        for key, text in (limits or {}).items():
-            nvidia_config.device_key(key)
-            memory_limit(text)
-        return limits
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        if self.active_thread_percentage is not None:
+            out["activeThreadPercentage"] = self.active_thread_percentage
+        if self.pinned_device_memory_limit is not None:
+            out["pinnedDeviceMemoryLimit"] = self.pinned_device_memory_limit
+        if self.per_device_pinned_memory_limits is not None:
+            out["perDevicePinnedMemoryLimits"] = dict(self.per_device_pinned_memory_limits)
+        return out
 
 
-class Sharing(pydantic.BaseModel):
-    model_config = _STRICT
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sharing:
     strategy: Literal["Exclusive", "TimeSlicing", "MPS"]
-    time_slicing: TimeSlicing | None = pydantic.Field(default=None, alias="timeSlicing")
-    mps: Mps | None = None
+    time_slicing: TimeSlicing | None = None  # only with strategy TimeSlicing
+    mps: Mps | None = None  # only with strategy MPS
 
-    @pydantic.model_validator(mode="after")
-    def _settings_match_strategy(self) -> Sharing:
-        if self.time_slicing is not None and self.strategy != "TimeSlicing":
-            raise ValueError("timeSlicing may only be set with strategy TimeSlicing")
-        if self.mps is not None and self.strategy != "MPS":
-            raise ValueError("mps may only be set with strategy MPS")
-        return self
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"strategy": self.strategy}
+        if self.time_slicing is not None:
+            out["timeSlicing"] = self.time_slicing.to_json()
+        if self.mps is not None:
+            out["mps"] = self.mps.to_json()
+        return out
 
 
-class GpuConfig(pydantic.BaseModel):
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuConfig:
     """One decoded config entry (or the merge of several)."""
 
-    model_config = _STRICT
-    api_version: Literal["gpu.nvidia.com/v1"] = pydantic.Field(alias="apiVersion")
-    kind: Literal["GpuConfig"]
+    api_version: Literal["gpu.nvidia.com/v1"] = API_VERSION
+    kind: Literal["GpuConfig"] = KIND
     sharing: Sharing | None = None
-    env: dict[str, str] = pydantic.Field(default_factory=dict)
-
-    @pydantic.field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"{name!r} is not a valid environment variable name")
-        return env
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         """The JSON form (as a user would write it), for the checkpoint."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        out: dict[str, object] = {"apiVersion": self.api_version, "kind": self.kind}
+        if self.sharing is not None:
+            out["sharing"] = self.sharing.to_json()
+        out["env"] = dict(self.env)
+        return out
 
 
-DEFAULT = GpuConfig(apiVersion=API_VERSION, kind=KIND)
-_BASE: Final = {"apiVersion": API_VERSION, "kind": KIND}
+DEFAULT: Final = GpuConfig()
 
 
 def decode_for(entry: claims.OpaqueConfig, *, ref: claims.ClaimRef) -> tuple[str | None, GpuConfig]:
@@ -140,18 +131,20 @@ def decode_for(entry: claims.OpaqueConfig, *, ref: claims.ClaimRef) -> tuple[str
     where = f"{ref}: opaque {entry.describe()}"
     params = entry.parameters
     if params.get("apiVersion") == nvidia_config.API_VERSION:
+        from dra_driver.driver import nvidiamodels  # pydantic: only for a config to decode
+
         try:
-            kind, sharing = nvidia_config.decode(params)
+            kind, sharing = nvidiamodels.decode(params)
         except nvidia_config.NvidiaConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-        return kind, validate(GpuConfig, {**_BASE, "sharing": sharing}, where)
+        return kind, _decoded({"apiVersion": API_VERSION, "kind": KIND, "sharing": sharing}, where)
     if params.get("apiVersion") != API_VERSION or params.get("kind") != KIND:
         raise ConfigError(
             f"{where}: unsupported apiVersion/kind {params.get('apiVersion')!r}/"
             f"{params.get('kind')!r} (this driver understands {API_VERSION} {KIND}, and "
             f"{nvidia_config.API_VERSION} {' and '.join(nvidia_config.KINDS)})"
         )
-    return None, validate(GpuConfig, params, where)
+    return None, _decoded(params, where)
 
 
 def decode(entry: claims.OpaqueConfig, *, ref: claims.ClaimRef) -> GpuConfig:
@@ -159,16 +152,13 @@ def decode(entry: claims.OpaqueConfig, *, ref: claims.ClaimRef) -> GpuConfig:
     return decode_for(entry, ref=ref)[1]
 
 
-ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+def recorded_sharing(raw: object) -> Sharing | None:
+    """The ``sharing`` of a merged config as the checkpoint recorded it (:meth:`GpuConfig.to_json`);
+    None when it does not decode."""
+    from dra_driver.driver import configmodels  # pydantic: only for a config to decode
 
-
-def validate(model: type[ModelT], params: Mapping[str, Any], where: str) -> ModelT:
-    """Strict decoding of ``params`` as ``model``; :class:`ConfigError` naming every field."""
-    try:
-        return model.model_validate(dict(params))
-    except pydantic.ValidationError as exc:
-        problems = "; ".join(nvidia_config.describe(err) for err in exc.errors())
-        raise ConfigError(f"{where}: {problems}") from None
+    found = configmodels.sharing(raw)
+    return _plain(found) if found is not None else None
 
 
 def effective(
@@ -192,12 +182,43 @@ def effective(
                 f"{', '.join(entry.requests)}, which got {_KIND_WORDS[kind]}"
             )
         merged = GpuConfig(
-            apiVersion=API_VERSION,
-            kind=KIND,
             sharing=cfg.sharing if cfg.sharing is not None else merged.sharing,
             env={**merged.env, **cfg.env},
         )
     return merged
+
+
+def _decoded(params: Mapping[str, Any], where: str) -> GpuConfig:
+    """``params`` decoded strictly (:class:`ConfigError` naming ``where`` and every field)."""
+    from dra_driver.driver import configmodels  # pydantic: only for a config to decode
+
+    try:
+        model = configmodels.gpu_config(params)
+    except configmodels.Invalid as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    found = model.sharing
+    return GpuConfig(sharing=_plain(found) if found is not None else None, env=dict(model.env))
+
+
+def _plain(model: configmodels.Sharing) -> Sharing:
+    slicing, mps = model.time_slicing, model.mps
+    return Sharing(
+        strategy=model.strategy,
+        time_slicing=TimeSlicing(slicing.interval) if slicing is not None else None,
+        mps=(
+            Mps(
+                active_thread_percentage=mps.active_thread_percentage,
+                pinned_device_memory_limit=mps.pinned_device_memory_limit,
+                per_device_pinned_memory_limits=(
+                    dict(mps.per_device_pinned_memory_limits)
+                    if mps.per_device_pinned_memory_limits is not None
+                    else None
+                ),
+            )
+            if mps is not None
+            else None
+        ),
+    )
 
 
 _KIND_WORDS = {"gpu": "full GPUs", "mig": "MIG devices"}

@@ -20,7 +20,9 @@ MPS device of a claim gets the same CDI edits: the daemon's pipe directory at
 when a claim holds two shares of one GPU).
 
 :class:`MpsClaims` ties this to the daemons and the checkpoint: acquire at prepare, release at
-unprepare (the last claim using a daemon stops it), recover at start-up.
+unprepare (the last claim using a daemon stops it), recover at start-up. The claim state reaches
+it through :mod:`~dra_driver.driver.lazymps`, which imports this module only when a claim needs
+MPS (and plans a claim's devices: :func:`~dra_driver.driver.lazymps.plan_claim`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any, Final, Literal
 import structlog
 
 from dra_driver.devices import model
-from dra_driver.driver import cdi, checkpoint, claims, config, inventory, mps
+from dra_driver.driver import checkpoint, claims, config, inventory, mps
 from dra_driver.slices import shares
 
 CONTAINER_PIPE: Final = "/tmp/nvidia-mps"
@@ -54,37 +56,6 @@ class Need:
     device: mps.DaemonDevice
     memory_limit: int | None  # bytes; None = no limit
     threads: int | None  # active thread percentage; None = no cap
-
-
-def plan_claim(
-    mps_claims: MpsClaims | None,
-    ref: claims.ClaimRef,
-    allocated: Sequence[claims.AllocatedDevice],
-    planned: list[cdi.Planned],
-) -> tuple[tuple[Need, ...], list[cdi.Planned]]:
-    """A claim's MPS needs, and its planned devices with their MPS container edits.
-
-    ``mps_claims`` None: the plugin runs without MPS, and a claim that needs it is refused. So
-    is MPS on a dynamic MIG device (its instance, and so its UUID, exists only once prepared).
-    """
-    items = [(dev, p.device, p.config) for dev, p in zip(allocated, planned, strict=True)]
-    if mps_claims is None:
-        if any(d.share_id or (c.sharing and c.sharing.strategy == "MPS") for d, _, c in items):
-            raise claims.ClaimError(f"{ref}: uses MPS, but this plugin runs without MPS")
-        return (), planned
-    needs, edits = mps_claims.plan(ref, items)
-    using = {n.device.name for n in needs}
-    dynamic = sorted(
-        p.device.name for p in planned if p.device.placement and p.device.name in using
-    )
-    if dynamic:
-        raise MpsClaimError(
-            f"{ref}: device {dynamic[0]} is a dynamic MIG device (its MIG instance is made at "
-            "prepare): MPS on it is not supported"
-        )
-    return needs, [
-        dataclasses.replace(p, edits=edits) if p.device.name in using else p for p in planned
-    ]
 
 
 def plan(

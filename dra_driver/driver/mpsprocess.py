@@ -8,7 +8,8 @@ client, and, if it does not, ended with SIGTERM and SIGKILL. :class:`ProcessRunn
 :class:`~dra_driver.driver.mpsrunner.DaemonRunner` on top (daemons as the agent's own processes,
 outside a cluster); the Pod runner uses :meth:`Processes.quit` too. The program is a command
 prefix (:func:`program`): the real ``nvidia-cuda-mps-control`` or the stand-in
-:mod:`dra_driver.devices.fake.fakemps`. :class:`Supervisor` runs the periodic housekeeping.
+:mod:`dra_driver.devices.fake.fakemps`. The periodic housekeeping is
+:class:`~dra_driver.driver.periodic.MpsSupervisor`.
 """
 
 from __future__ import annotations
@@ -19,13 +20,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final, Literal
 
-import structlog
-
-from dra_driver.driver import driverfiles, periodic
+from dra_driver.driver import driverfiles
 from dra_driver.driver.mpsrecords import DaemonRecord, Dirs, MpsError
 from dra_driver.driver.mpsrunner import Launch, Liveness, Stray
 
@@ -228,25 +227,6 @@ def program(
     if libcuda is not None and not driver_root_is_slash:
         env["LD_LIBRARY_PATH"] = str(libcuda.parent)
     return ((str(binary),) if binary is not None else ()), env
-
-
-class Supervisor(periodic.Periodic):
-    """Runs ``check`` every ``interval_s`` seconds on a daemon thread (MPS housekeeping)."""
-
-    def __init__(
-        self,
-        *,
-        check: Callable[[], object],
-        interval_s: float,
-        log: structlog.typing.FilteringBoundLogger,
-    ) -> None:
-        super().__init__(
-            name="mps-supervisor",
-            task=check,
-            interval_s=interval_s,
-            log=log,
-            failed="MPS supervision failed; will retry",
-        )
 
 
 def start_time(pid: int) -> int | None:

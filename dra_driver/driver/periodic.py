@@ -1,10 +1,10 @@
 """A task run every few seconds on a daemon thread, for the node agents' housekeeping.
 
 Why it exists: the claim clean-up (:class:`~dra_driver.driver.driver.CleanupLoop`) and the MPS
-supervision (:class:`~dra_driver.driver.mpsprocess.Supervisor`) follow the same rules — an
-interval of 0 never starts the thread, a failing round is logged and the next one retries (the
-loop never dies), and stop wakes the thread at once and waits for it — so they share one
-implementation.
+supervision (:class:`MpsSupervisor`, here so that starting it loads no MPS module) follow the
+same rules — an interval of 0 never starts the thread, a failing round is logged and the next
+one retries (the loop never dies), and stop wakes the thread at once and waits for it — so they
+share one implementation.
 """
 
 from __future__ import annotations
@@ -50,3 +50,22 @@ class Periodic:
                 self.task()
             except Exception:  # never let housekeeping die; the next round retries
                 self.log.exception(self._failed)
+
+
+class MpsSupervisor(Periodic):
+    """Runs ``check`` every ``interval_s`` seconds on a daemon thread (MPS housekeeping)."""
+
+    def __init__(
+        self,
+        *,
+        check: Callable[[], object],
+        interval_s: float,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        super().__init__(
+            name="mps-supervisor",
+            task=check,
+            interval_s=interval_s,
+            log=log,
+            failed="MPS supervision failed; will retry",
+        )

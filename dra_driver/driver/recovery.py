@@ -23,7 +23,7 @@ import structlog
 
 from dra_driver import logs
 from dra_driver.devices import holdings
-from dra_driver.driver import cdi, checkpoint, claims, devicemeta, inventory, mpsclaims, sharing
+from dra_driver.driver import cdi, checkpoint, claims, devicemeta, inventory, lazymps, sharing
 from dra_driver.driver import mig as mig_mod
 from dra_driver.driver.ownership import Ownership
 from dra_driver.driver.recordviews import allocated_of, held_by, ref_of
@@ -53,7 +53,7 @@ class ClaimStateParts(Protocol):
     def sharing(self) -> GpuSharing: ...
 
     @property
-    def mps(self) -> mpsclaims.MpsClaims | None: ...
+    def mps(self) -> lazymps.MpsPart | None: ...
 
     @property
     def mig(self) -> mig_mod.MigInstances: ...

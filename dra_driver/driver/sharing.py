@@ -36,7 +36,6 @@ import threading
 from collections.abc import Collection, Mapping, Sequence
 from typing import Final, Protocol
 
-import pydantic
 import structlog
 
 from dra_driver.devices import control
@@ -101,11 +100,10 @@ def recorded_targets(
         raw = dev.config.get("sharing")
         if known is None or known.kind not in ("gpu", "gpu-set") or raw is None:
             continue
-        try:
-            sharing = config.Sharing.model_validate(raw)
-        except pydantic.ValidationError:
-            continue
-        if sharing.strategy != "TimeSlicing":
+        if not isinstance(raw, dict) or raw.get("strategy") != "TimeSlicing":
+            continue  # what decodes to anything else needs no restoring: no decoder loaded
+        sharing = config.recorded_sharing(raw)
+        if sharing is None or sharing.strategy != "TimeSlicing":
             continue
         interval = sharing.time_slicing.interval if sharing.time_slicing else "Default"
         found += [

@@ -38,7 +38,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -53,7 +53,7 @@ from dra_driver.driver import (
     config,
     devicemeta,
     inventory,
-    mpsclaims,
+    lazymps,
     recordviews,
     recovery,
     results,
@@ -62,6 +62,9 @@ from dra_driver.driver import (
 from dra_driver.driver import mig as mig_mod
 from dra_driver.driver.ownership import ClaimLocks, DeviceBusy, Ownership
 from dra_driver.kube import api as kube
+
+if TYPE_CHECKING:
+    from dra_driver.driver import mpsclaims
 
 __all__ = [
     "ClaimLocks",  # re-exported from .ownership, where they live
@@ -104,7 +107,7 @@ class ClaimState:
         gpu_sharing: sharing.GpuSharing | None = None,
         mig_instances: mig_mod.MigInstances | None = None,
         device_taints: DeviceTaints | None = None,
-        mps: mpsclaims.MpsClaims | None = None,
+        mps: lazymps.MpsPart | None = None,
         held_gpus: holdings.HeldGpus | None = None,
         prepared: claiminfo.PreparedClaims | None = None,
     ) -> None:
@@ -176,7 +179,7 @@ class ClaimState:
                 claim, ref=ref, driver=self.driver_name, pool=self.pool_name
             )
             planned = self._plan(ref, allocated)
-            needs, planned = mpsclaims.plan_claim(self.mps, ref, allocated, planned)
+            needs, planned = lazymps.plan_claim(self.mps, ref, allocated, planned)
             planned, meta = self.metadata.plan(ref, claim, planned), self.metadata.mounts(ref)
             wanted = sharing.targets(ref, planned)
             if self.mps is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -26,7 +27,7 @@ def planned(
     env: dict[str, str] | None = None,
 ) -> list[cdi.Planned]:
     inv = inventory.build(fake.FakeBackend.from_name(profile).discover(), mig_minors=None)
-    cfg = config.DEFAULT.model_copy(update={"env": env or {}})
+    cfg = dataclasses.replace(config.DEFAULT, env=env or {})
     out = []
     for n in names:
         dev = inv.get(n)

@@ -1,0 +1,201 @@
+"""MPS for claims, loaded the first time something on this node needs it.
+
+Why it exists: the MPS machinery (:mod:`~dra_driver.driver.mpsclaims`, :mod:`~.mps` and the
+daemon records, runners and steps below it, with pydantic for the records) serves only claims
+that run through an MPS control daemon: shares of a shared GPU and devices whose merged config
+says ``strategy: MPS``. Most nodes never see one, and one agent runs per GPU node, so what those
+modules cost in memory is paid fleet-wide for nothing. :class:`LazyMpsClaims` stands where the
+claim state, recovery and the periodic supervision expect an
+:class:`~dra_driver.driver.mpsclaims.MpsClaims` and builds the real one only when
+
+* a claim's devices include a share or an MPS config (its plan),
+* a claim record names an MPS daemon (its unprepare, start-up recovery, supervision), or
+* anything of a daemon is on disk under ``<plugin dir>/mps`` (a record, a daemon's directories:
+  recovery and supervision must see them; a time-slicing claim must not take a GPU a daemon
+  serves). Lock files alone mean nothing: every stop leaves its lock behind.
+
+Until then every call answers what the real one would with nothing to do (no needs, no
+problems, nothing stopped), without importing it; once built it stays, and every call goes
+through it. Daemons run as Pods (``--mps-daemon-image``) are built at once: their strays are
+found through the API server, not on disk, so every recovery and supervision round asks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from dra_driver.driver import cdi, checkpoint, claims, config, inventory
+
+if TYPE_CHECKING:
+    from dra_driver.driver import mps, mpsclaims
+
+# (allocated device, the node's device, its merged config): what a claim's MPS plan looks at.
+Item = tuple[claims.AllocatedDevice, inventory.PreparableDevice, config.GpuConfig]
+
+
+class MpsPart(Protocol):
+    """What the claim state and recovery use of :class:`~.mpsclaims.MpsClaims`."""
+
+    @property
+    def daemons(self) -> mps.MpsDaemons: ...
+
+    def plan(
+        self, ref: claims.ClaimRef, items: Sequence[Item]
+    ) -> tuple[tuple[mpsclaims.Need, ...], dict[str, Any]]: ...
+
+    def check_time_slicing(self, ref: claims.ClaimRef, uuids: Collection[str]) -> None: ...
+
+    def acquire(
+        self,
+        ref: claims.ClaimRef,
+        needs: Sequence[mpsclaims.Need],
+        *,
+        time_sliced: Collection[str],
+    ) -> None: ...
+
+    def release(self, record: checkpoint.ClaimRecord) -> None: ...
+
+    def check(self) -> None: ...
+
+    def recover(self, prepared: Sequence[checkpoint.ClaimRecord]) -> list[str]: ...
+
+
+def uses_mps(share_id: str | None, cfg: config.GpuConfig) -> bool:
+    """Whether a device may run through an MPS daemon: a share, or a config asking for MPS."""
+    return share_id is not None or (cfg.sharing is not None and cfg.sharing.strategy == "MPS")
+
+
+def plan_claim(
+    mps_claims: MpsPart | None,
+    ref: claims.ClaimRef,
+    allocated: Sequence[claims.AllocatedDevice],
+    planned: list[cdi.Planned],
+) -> tuple[tuple[mpsclaims.Need, ...], list[cdi.Planned]]:
+    """A claim's MPS needs, and its planned devices with their MPS container edits.
+
+    ``mps_claims`` None: the plugin runs without MPS, and a claim that needs it is refused. So
+    is MPS on a dynamic MIG device (its instance, and so its UUID, exists only once prepared).
+    """
+    items = [(dev, p.device, p.config) for dev, p in zip(allocated, planned, strict=True)]
+    if mps_claims is None:
+        if any(d.share_id or (c.sharing and c.sharing.strategy == "MPS") for d, _, c in items):
+            raise claims.ClaimError(f"{ref}: uses MPS, but this plugin runs without MPS")
+        return (), planned
+    needs, edits = mps_claims.plan(ref, items)
+    using = {n.device.name for n in needs}
+    dynamic = sorted(
+        p.device.name for p in planned if p.device.placement and p.device.name in using
+    )
+    if dynamic:
+        from dra_driver.driver import mpsclaims
+
+        raise mpsclaims.MpsClaimError(
+            f"{ref}: device {dynamic[0]} is a dynamic MIG device (its MIG instance is made at "
+            "prepare): MPS on it is not supported"
+        )
+    return needs, [
+        dataclasses.replace(p, edits=edits) if p.device.name in using else p for p in planned
+    ]
+
+
+class LazyMpsClaims:
+    """An :class:`~.mpsclaims.MpsClaims` built by ``build`` when first needed (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        build: Callable[[], mpsclaims.MpsClaims],
+        root: Path,
+        store: checkpoint.Checkpoint,
+        eager: bool = False,
+    ) -> None:
+        """``root``: the daemons' directory (``<plugin dir>/mps``); ``store``: the claim
+        records; ``eager``: build now (daemons run as Pods)."""
+        self.root = root
+        self.store = store
+        self._build = build
+        self._guard = threading.Lock()
+        self._claims: mpsclaims.MpsClaims | None = None
+        if eager:
+            self.real()
+
+    @property
+    def loaded(self) -> mpsclaims.MpsClaims | None:
+        """The real one, if something needed it yet."""
+        return self._claims
+
+    def real(self) -> mpsclaims.MpsClaims:
+        """The real one, built now if it was not."""
+        with self._guard:
+            if self._claims is None:
+                self._claims = self._build()
+            return self._claims
+
+    @property
+    def daemons(self) -> mps.MpsDaemons:
+        return self.real().daemons
+
+    def plan(
+        self, ref: claims.ClaimRef, items: Sequence[Item]
+    ) -> tuple[tuple[mpsclaims.Need, ...], dict[str, Any]]:
+        if self._claims is None and not any(uses_mps(d.share_id, c) for d, _, c in items):
+            return (), {}
+        return self.real().plan(ref, items)
+
+    def check_time_slicing(self, ref: claims.ClaimRef, uuids: Collection[str]) -> None:
+        if not uuids or (self._claims is None and not self._on_disk()):
+            return  # no daemon record: no GPU is served by a daemon
+        self.real().check_time_slicing(ref, uuids)
+
+    def acquire(
+        self,
+        ref: claims.ClaimRef,
+        needs: Sequence[mpsclaims.Need],
+        *,
+        time_sliced: Collection[str],
+    ) -> None:
+        if needs:  # needs come from a plan, which built the real one
+            self.real().acquire(ref, needs, time_sliced=time_sliced)
+
+    def release(self, record: checkpoint.ClaimRecord) -> None:
+        if any(d.mpsDaemon for d in record.devices):
+            self.real().release(record)
+
+    def check(self) -> None:
+        if self._claims is None and not self._wanted(self.store.records()):
+            return
+        self.real().check()
+
+    def recover(self, prepared: Sequence[checkpoint.ClaimRecord]) -> list[str]:
+        if self._claims is None and not self._wanted(prepared):
+            return []
+        return self.real().recover(prepared)
+
+    def _wanted(self, records: Sequence[checkpoint.ClaimRecord]) -> bool:
+        return self._on_disk() or any(d.mpsDaemon for r in records for d in r.devices)
+
+    def _on_disk(self) -> bool:
+        """Whether anything of a daemon is under the root (what cannot be read counts)."""
+        try:
+            entries = list(self.root.iterdir())
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+        for entry in entries:
+            if entry.name == "locks":
+                continue
+            if entry.name != "daemons":
+                return True
+            try:
+                if any(entry.iterdir()):
+                    return True
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return True
+        return False
