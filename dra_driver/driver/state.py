@@ -35,6 +35,7 @@ gets is the original cause (with what the rollback could not undo after it). Fil
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -186,7 +187,8 @@ class ClaimState:
             self.ownership.reserve(ref, self.owned(allocated))
             try:
                 record = self._record(ref, allocated, planned, spec, migs, needs)
-                self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
+                started = dataclasses.replace(record, state=checkpoint.PREPARE_STARTED)
+                self.store.put(started)
                 self.sharing.apply(ref, wanted)
                 if self.mps is not None:
                     self.mps.acquire(ref, needs, time_sliced=set(self.sharing.applied()))

@@ -279,7 +279,7 @@ def test_refresh_keeps_what_a_claim_being_prepared_here_holds(node: Node) -> Non
     uid = prepare(node, "gpu-5")
     assert state.held.snapshot().held == frozenset({"gpu-5"})
     record = next(r for r in state.store.records() if r.uid == uid)
-    state.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
+    state.store.put(dataclasses.replace(record, state=checkpoint.PREPARE_STARTED))
     state.held.hold("no-record", ["gpu-6"])
     assert recovery.refresh_held(state) is True
     assert state.held.claims() == {uid: frozenset({"gpu-5"})}
