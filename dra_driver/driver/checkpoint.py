@@ -36,7 +36,8 @@ its boot or, with an unreadable boot ID, is unprepared by the periodic clean-up 
 ResourceClaim is gone).
 
 Cost (see ``benchmarks/ingredients.py``): a record is serialised by
-:meth:`~dra_driver.driver.claimrecords.ClaimRecord.encode` and written with one ``write``;
+:meth:`~dra_driver.driver.claimrecords.ClaimRecord.encode` (its CDI spec, the bulk of it,
+encoded once for the record and the spec file: ``spec_json``) and written with one ``write``;
 the commit flips the Started record in place (:meth:`Checkpoint.put`). Record files are
 recycled: an unprepared claim's file is renamed to a spare name (``claims/.spare-<token>-<n>``,
 never ``*.json``, so nothing reads it as a record) instead of unlinked, and the next Started
@@ -249,7 +250,7 @@ class Checkpoint:
         with self._lock:
             return list(self._records.values())
 
-    def put(self, record: ClaimRecord) -> None:
+    def put(self, record: ClaimRecord, *, spec_json: str | None = None) -> None:
         """Write ``record``, then index it; durably only at the commit point (Completed).
 
         The usual sequence — the ``PrepareStarted`` record, then the same record
@@ -259,18 +260,19 @@ class Checkpoint:
         inode, a rename and freeing the old inode — on ext4 the allocation of inodes at a high
         churn rate is the single most expensive thing a prepare does in the kernel. Anything
         else (a record that differs in more than its state) is replaced atomically as a whole.
+        ``spec_json``: the record's CDI spec already encoded (:func:`encode_json`), if at hand.
         """
         if record.bootId != self.boot_id:
             raise CheckpointError(f"record for claim {record.uid} has a foreign boot ID")
         uid = record.uid
         try:
             if record.state == PREPARE_STARTED:
-                data = record.encode() + b"\n"
+                data = record.encode(spec_json=spec_json) + b"\n"
                 data = data.replace(_STARTED_FIELD, _STARTED_PADDED, 1)
                 self._drop_started(uid)
                 self._started[uid] = (record, data, self._write_started(uid, data))
             elif not self._commit_in_place(record):
-                data = record.encode() + b"\n"
+                data = record.encode(spec_json=spec_json) + b"\n"
                 atomicfile.write_bytes(self._file(uid), data, dir_sync=self._dir_sync)
         except OSError as exc:
             raise CheckpointError(f"cannot write checkpoint for claim {uid}: {exc}") from exc

@@ -154,8 +154,10 @@ class ClaimRecord:
     def prepared(self) -> tuple[results.PreparedDevice, ...]:
         return tuple(d.prepared() for d in self.devices)
 
-    def encode(self) -> bytes:
-        """The record as stored (without a trailing newline): see the module doc."""
+    def encode(self, *, spec_json: str | None = None) -> bytes:
+        """The record as stored (without a trailing newline): see the module doc.
+        ``spec_json``: :func:`encode_json` of :attr:`cdiSpec`, when the caller has it already
+        (prepare encodes the spec once, for this record and for the CDI spec file)."""
         devices: list[str] = []
         config: dict[str, Any] | None = None
         config_json = ""
@@ -164,7 +166,7 @@ class ClaimRecord:
             if dev.config is not config and dev.config != config:
                 config, config_json = dev.config, encode_json(dev.config)
             devices.append(dev._json(config_json))
-        spec = encode_json(self.cdiSpec)
+        spec = encode_json(self.cdiSpec) if spec_json is None else spec_json
         return (
             f'{{"version":{_integer(self.version)},"uid":{_string(self.uid)},'
             f'"namespace":{_string(self.namespace)},"name":{_string(self.name)},'

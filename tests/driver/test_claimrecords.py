@@ -199,6 +199,7 @@ def test_records_encode_to_the_bytes_the_pydantic_models_wrote(seed: int) -> Non
     new = checkpoint.ClaimRecord.from_json(copy.deepcopy(data), what="r")
     old = OldClaim.model_validate(data)
     assert new.encode() == old.model_dump_json().encode()
+    assert new.encode(spec_json=checkpoint.encode_json(new.cdiSpec)) == new.encode()
     assert checkpoint.decode_record(new.encode(), what="r") == new
 
 

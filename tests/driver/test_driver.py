@@ -216,7 +216,7 @@ def test_failure_after_started_record_rolls_back(
 ) -> None:
     ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"]))
 
-    def fail(uid: str, spec: Any) -> Any:
+    def fail(uid: str, spec: Any, text: str | None = None) -> Any:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(node.driver.state.specs, "write", fail)

@@ -211,7 +211,7 @@ def test_what_each_kind_of_claim_holds(
     prepare(node, results=admin)  # admin access: the GPU stays free for others
     assert held.snapshot().held == {"gpu-4", "gpu-5", "gpu-6", "gpu-7"}
 
-    def full_disk(uid: str, spec: object) -> None:
+    def full_disk(uid: str, spec: object, text: str | None = None) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(node.driver.state.specs, "write", full_disk)
