@@ -137,9 +137,7 @@ def prepared_claims(plugin_dir: Path, devices: model.NodeDevices) -> list[dict[s
     found: list[dict[str, Any]] = []
     for path in sorted(claims_dir.glob("*.json")) if claims_dir.is_dir() else []:
         try:
-            record = checkpoint.ClaimRecord.model_validate(
-                checkpoint.decode_json(checkpoint.read_file(path), what=path.name)
-            )
+            record = checkpoint.decode_record(checkpoint.read_file(path), what=path.name)
         except (ValueError, OSError, RecursionError):
             continue  # a spare, a torn write, another format: the agent moves those aside
         if path.name != f"{record.uid}.json":

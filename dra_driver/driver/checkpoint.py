@@ -35,14 +35,16 @@ loss is harmless (an orphaned spec is swept at start-up; a resurrected record is
 its boot or, with an unreadable boot ID, is unprepared by the periodic clean-up once its
 ResourceClaim is gone).
 
-Cost (see ``benchmarks/ingredients.py``): a record is serialised by pydantic-core
-(``model_dump_json``, in Rust) and written with one ``write``; the commit flips the Started
-record in place (:meth:`Checkpoint.put`). Record files are recycled: an unprepared claim's file
-is renamed to a spare name (``claims/.spare-<token>-<n>``, never ``*.json``, so nothing reads it
-as a record) instead of unlinked, and the next Started record is written into a spare and
-renamed to ``<uid>.json`` — each as atomic as a create or an unlink (a rename), but with no inode
-to allocate or free, which on a busy ext4 costs more than the rest of the record's I/O. Spares
-are this process's own (the token): start-up removes every spare it finds.
+Cost (see ``benchmarks/ingredients.py``): a record is serialised by
+:meth:`~dra_driver.driver.claimrecords.ClaimRecord.encode` (its CDI spec, the bulk of it,
+encoded once for the record and the spec file: ``spec_json``) and written with one ``write``;
+the commit flips the Started record in place (:meth:`Checkpoint.put`). Record files are
+recycled: an unprepared claim's file is renamed to a spare name (``claims/.spare-<token>-<n>``,
+never ``*.json``, so nothing reads it as a record) instead of unlinked, and the next Started
+record is written into a spare and renamed to ``<uid>.json`` — each as atomic as a create or an
+unlink (a rename), but with no inode to allocate or free, which on a busy ext4 costs more than
+the rest of the record's I/O. Spares are this process's own (the token): start-up removes every
+spare it finds.
 """
 
 from __future__ import annotations
@@ -68,8 +70,11 @@ from dra_driver.driver.claimrecords import (
     ClaimRecord,
     DeviceRecord,
     MigRecord,
+    RecordError,
     State,
     decode_json,
+    decode_record,
+    encode_json,
     read_boot_id,
     read_file,
     valid_uid,
@@ -91,15 +96,18 @@ __all__ = [
     "DeviceRecord",
     "LoadReport",
     "MigRecord",
+    "RecordError",
     "State",
     "decode_json",
+    "decode_record",
+    "encode_json",
     "read_boot_id",
     "read_file",
     "valid_uid",
 ]
 
 META_KIND: Final = "GpuDraClaimCheckpoint"
-# The state as serialised (model_dump_json: compact, fields in declaration order, so the first
+# The state as serialised (ClaimRecord.encode: compact, fields in declaration order, so the first
 # match is the record's own field: keys are fixed and quotes inside values are escaped).
 _STARTED_FIELD: Final = b'"state":"PrepareStarted"'
 _COMPLETED_FIELD: Final = b'"state":"PrepareCompleted"'
@@ -171,7 +179,7 @@ class Checkpoint:
                 atomicfile.remove(path, durable=False)
                 continue
             try:
-                record = ClaimRecord.model_validate(decode_json(read_file(path), what=path.name))
+                record = decode_record(read_file(path), what=path.name)
                 if path.name != f"{record.uid}.json":
                     raise ValueError(f"file name does not match the record's uid {record.uid}")
             except (ValueError, OSError, RecursionError) as exc:
@@ -242,7 +250,7 @@ class Checkpoint:
         with self._lock:
             return list(self._records.values())
 
-    def put(self, record: ClaimRecord) -> None:
+    def put(self, record: ClaimRecord, *, spec_json: str | None = None) -> None:
         """Write ``record``, then index it; durably only at the commit point (Completed).
 
         The usual sequence — the ``PrepareStarted`` record, then the same record
@@ -252,18 +260,19 @@ class Checkpoint:
         inode, a rename and freeing the old inode — on ext4 the allocation of inodes at a high
         churn rate is the single most expensive thing a prepare does in the kernel. Anything
         else (a record that differs in more than its state) is replaced atomically as a whole.
+        ``spec_json``: the record's CDI spec already encoded (:func:`encode_json`), if at hand.
         """
         if record.bootId != self.boot_id:
             raise CheckpointError(f"record for claim {record.uid} has a foreign boot ID")
         uid = record.uid
         try:
             if record.state == PREPARE_STARTED:
-                data = record.model_dump_json().encode() + b"\n"
+                data = record.encode(spec_json=spec_json) + b"\n"
                 data = data.replace(_STARTED_FIELD, _STARTED_PADDED, 1)
                 self._drop_started(uid)
                 self._started[uid] = (record, data, self._write_started(uid, data))
             elif not self._commit_in_place(record):
-                data = record.model_dump_json().encode() + b"\n"
+                data = record.encode(spec_json=spec_json) + b"\n"
                 atomicfile.write_bytes(self._file(uid), data, dir_sync=self._dir_sync)
         except OSError as exc:
             raise CheckpointError(f"cannot write checkpoint for claim {uid}: {exc}") from exc
@@ -361,10 +370,14 @@ class Checkpoint:
             self._records.pop(uid, None)
 
 
+_BUT_STATE: Final = tuple(f.name for f in dataclasses.fields(ClaimRecord) if f.name != "state")
+
+
 def _same_but_state(a: ClaimRecord, b: ClaimRecord) -> bool:
     """Whether two records differ at most in their state (fields compared directly: a Started
     record is usually a shallow copy of the Completed one)."""
-    mine, theirs = a.__dict__, b.__dict__
-    return all(
-        value is theirs[k] or value == theirs[k] for k, value in mine.items() if k != "state"
-    )
+    for name in _BUT_STATE:
+        mine, theirs = getattr(a, name), getattr(b, name)
+        if mine is not theirs and mine != theirs:
+            return False
+    return True

@@ -172,8 +172,7 @@ class SharedCheckpoint(checkpoint.Checkpoint):
         except OSError as exc:
             raise checkpoint.CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from exc
         try:
-            decoded = checkpoint.decode_json(data, what=str(path))
-            record = checkpoint.ClaimRecord.model_validate(decoded)
+            record = checkpoint.decode_record(data, what=str(path))
         except (ValueError, RecursionError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise checkpoint.CheckpointError(

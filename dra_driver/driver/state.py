@@ -35,6 +35,7 @@ gets is the original cause (with what the rollback could not undo after it). Fil
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -189,17 +190,20 @@ class ClaimState:
             self.ownership.reserve(ref, self.owned(allocated))
             try:
                 record = self._record(ref, allocated, planned, spec, migs, needs)
-                self.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
+                text = checkpoint.encode_json(spec)  # once, for the record and the spec file
+                started = dataclasses.replace(record, state=checkpoint.PREPARE_STARTED)
+                self.store.put(started, spec_json=text)
                 self.sharing.apply(ref, wanted)
                 if self.mps is not None:
                     self.mps.acquire(ref, needs, time_sliced=set(self.sharing.applied()))
                 planned, made = self.mig.apply(ref, planned, allocated)
                 if made:
                     spec = self.specs.build(ref, planned, mounts=meta)
+                    text = checkpoint.encode_json(spec)
                     record = self._record(ref, allocated, planned, spec, made, needs)
                 self.metadata.write(record)  # before the spec that mounts it
-                self._write_spec(ref, spec)
-                self.store.put(record)
+                self._write_spec(ref, spec, text)
+                self.store.put(record, spec_json=text)
             except BaseException as exc:
                 problems = self.rollback(ref)
                 if problems and isinstance(exc, claims.ClaimError | checkpoint.CheckpointError):
@@ -299,9 +303,9 @@ class ClaimState:
             )
         return problems
 
-    def _write_spec(self, ref: claims.ClaimRef, spec: dict[str, object]) -> None:
+    def _write_spec(self, ref: claims.ClaimRef, spec: dict[str, object], text: str) -> None:
         try:
-            self.specs.write(ref.uid, spec)
+            self.specs.write(ref.uid, spec, text=text)
         except OSError as exc:
             raise _file_problem(ref, "write", self.specs.spec_path(ref.uid), exc) from None
 

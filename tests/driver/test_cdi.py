@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from dra_driver.devices import fake, migcontrol, migprofiles
-from dra_driver.driver import cdi, claims, config, driverfiles, inventory
+from dra_driver.driver import atomicfile, cdi, checkpoint, claims, config, driverfiles, inventory
 
 from .conftest import REFERENCE, make_driver_root
 
@@ -187,6 +187,25 @@ def test_write_is_atomic_and_remove_idempotent(tmp_path: Path) -> None:
     assert s.claim_uids_on_disk() == [REF.uid]
     assert s.remove(REF.uid) is True
     assert s.remove(REF.uid) is False
+
+
+@pytest.mark.parametrize("env", [{"X": "1"}, {"X": "ä"}, {"X": "\x7f"}, {"X": "\x00\n"}])
+def test_a_spec_encoded_for_the_record_is_written_as_it_is_where_the_bytes_agree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    s = specs(tmp_path)
+    spec = s.build(REF, planned(["gpu-0", "gpu-1"], env=env))
+    plain = s.write(REF.uid, spec).read_bytes()
+    assert plain == (json.dumps(spec, separators=(",", ":")) + "\n").encode()
+    encoded: list[object] = []
+    real = atomicfile.write_json
+    monkeypatch.setattr(
+        atomicfile, "write_json", lambda *a, **k: (encoded.append(a), real(*a, **k))
+    )
+    text = checkpoint.encode_json(spec)
+    assert s.write(REF.uid, spec, text=text).read_bytes() == plain  # the same bytes either way
+    # ASCII without DEL: written as given; otherwise json.dumps escapes it, so it is encoded again
+    assert len(encoded) == (0 if text.isascii() and "\x7f" not in text else 1)
 
 
 @pytest.mark.parametrize(

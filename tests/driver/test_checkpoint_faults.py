@@ -3,6 +3,7 @@ outlives the record it was opened for, and several bad files are all moved aside
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def test_no_descriptor_outlives_its_record(tmp_path: Path) -> None:
     s.delete("u2")  # rolled back: closed
     assert record_fds(claims) == []
     s.put(record("u3", state="PrepareStarted"))
-    s.put(record("u3").model_copy(update={"name": "renamed"}))  # not in place: still closed
+    s.put(dataclasses.replace(record("u3"), name="renamed"))  # not in place: still closed
     assert record_fds(claims) == []
     s.put(record("u4", state="PrepareStarted"))
     (claims / "u4.json").unlink()

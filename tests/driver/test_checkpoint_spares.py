@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from dra_driver.driver import checkpoint
 
 
 def record(uid: str, state: str = "PrepareCompleted", pad: int = 0) -> checkpoint.ClaimRecord:
-    return checkpoint.ClaimRecord.model_validate(
+    return checkpoint.ClaimRecord.from_json(
         {
             "uid": uid,
             "namespace": "ns",
@@ -29,7 +29,8 @@ def record(uid: str, state: str = "PrepareCompleted", pad: int = 0) -> checkpoin
                 }
             ],
             "cdiSpec": {"cdiVersion": "0.3.0"},
-        }
+        },
+        what="test record",
     )
 
 
@@ -41,7 +42,7 @@ def store(tmp_path: Path) -> checkpoint.Checkpoint:
 
 def prepare(s: checkpoint.Checkpoint, uid: str, pad: int = 0) -> None:
     completed = record(uid, pad=pad)
-    s.put(completed.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
+    s.put(dataclasses.replace(completed, state=checkpoint.PREPARE_STARTED))
     s.put(completed)
 
 
@@ -62,7 +63,7 @@ def test_an_unprepared_claims_file_is_reused_for_the_next_claim(tmp_path: Path) 
     path = tmp_path / "claims/u2.json"
     assert path.stat().st_ino == inode
     assert not spares(tmp_path)
-    assert json.loads(path.read_bytes()) == record("u2").model_dump(mode="json")
+    assert path.read_bytes() == record("u2").encode() + b"\n"
     assert [r.uid for r in store(tmp_path).load().records] == ["u2"]
 
 

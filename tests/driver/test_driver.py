@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -215,7 +216,7 @@ def test_failure_after_started_record_rolls_back(
 ) -> None:
     ref = node.add(claim_obj(name="a", uid=new_uid(), devices=["gpu-0"]))
 
-    def fail(uid: str, spec: Any) -> Any:
+    def fail(uid: str, spec: Any, text: str | None = None) -> Any:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(node.driver.state.specs, "write", fail)
@@ -280,7 +281,7 @@ def test_restart_recovers_started_completed_orphans_and_lost_specs(node: Node) -
     half_uid = new_uid()
     record = node.driver.state.store.get(done.uid)
     assert record is not None
-    half = record.model_copy(update={"uid": half_uid, "state": checkpoint.PREPARE_STARTED})
+    half = dataclasses.replace(record, uid=half_uid, state=checkpoint.PREPARE_STARTED)
     node.driver.state.store.put(half)
     node.driver.state.specs.write(half_uid, record.cdiSpec)
     orphan_uid = new_uid()
@@ -417,7 +418,7 @@ def test_restart_reports_a_prepared_claim_it_cannot_take_back(node: Node) -> Non
     prepared_ok(node.driver.prepare([ref])[ref.uid])
     record = node.driver.state.store.get(ref.uid)
     assert record is not None
-    twin = record.model_copy(update={"uid": new_uid(), "name": "twin"})
+    twin = dataclasses.replace(record, uid=new_uid(), name="twin")
     node.driver.state.store.put(twin)  # a second record of the same GPU (a corrupted state)
     node.driver.state.specs.write(twin.uid, twin.cdiSpec)
     with structlog.testing.capture_logs() as logged:

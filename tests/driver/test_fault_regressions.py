@@ -84,8 +84,8 @@ def test_a_rollback_that_cannot_finish_keeps_the_original_cause_first(node: Node
     real_write = node.driver.state.specs.write
     with contextlib.ExitStack() as read_only:
 
-        def write_then_fail(uid: str, spec: Any) -> Any:
-            real_write(uid, spec)  # the spec lands, then both directories turn read-only
+        def write_then_fail(uid: str, spec: Any, text: str | None = None) -> Any:
+            real_write(uid, spec, text=text)  # the spec lands, then both directories turn read-only
             read_only.enter_context(
                 faultinject.failing_files(node.cdi_root, node.claims_dir, errno=errno.EROFS)
             )

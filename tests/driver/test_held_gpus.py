@@ -211,7 +211,7 @@ def test_what_each_kind_of_claim_holds(
     prepare(node, results=admin)  # admin access: the GPU stays free for others
     assert held.snapshot().held == {"gpu-4", "gpu-5", "gpu-6", "gpu-7"}
 
-    def full_disk(uid: str, spec: object) -> None:
+    def full_disk(uid: str, spec: object, text: str | None = None) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(node.driver.state.specs, "write", full_disk)
@@ -279,7 +279,7 @@ def test_refresh_keeps_what_a_claim_being_prepared_here_holds(node: Node) -> Non
     uid = prepare(node, "gpu-5")
     assert state.held.snapshot().held == frozenset({"gpu-5"})
     record = next(r for r in state.store.records() if r.uid == uid)
-    state.store.put(record.model_copy(update={"state": checkpoint.PREPARE_STARTED}))
+    state.store.put(dataclasses.replace(record, state=checkpoint.PREPARE_STARTED))
     state.held.hold("no-record", ["gpu-6"])
     assert recovery.refresh_held(state) is True
     assert state.held.claims() == {uid: frozenset({"gpu-5"})}

@@ -3,6 +3,7 @@ ownership that forgets claims the other instance released."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -151,7 +152,7 @@ def test_shared_checkpoint_reads_what_the_other_instance_wrote(tmp_path: Path) -
     with pytest.raises(checkpoint.CheckpointError, match=r"u3\.json is unreadable"):
         mine.get("u3")
     assert [r.uid for r in mine.records()] == ["u2"]  # the bad file does not hide the others
-    mine.path("u4").write_text(record("u4", boot="b0").model_dump_json())  # an earlier boot's
+    mine.path("u4").write_bytes(record("u4", boot="b0").encode())  # an earlier boot's
     assert mine.get("u4") is None
 
 
@@ -195,4 +196,12 @@ def test_shared_checkpoint_errors_name_the_file_and_the_reason(tmp_path: Path) -
     assert str(err.value) == (
         f"checkpoint file {big} is unreadable: {big} is {checkpoint.MAX_FILE_BYTES + 1} bytes, "
         f"more than the {checkpoint.MAX_FILE_BYTES} allowed"
+    )
+    wrong = mine.path("u7")
+    wrong.write_text(json.dumps({**json.loads(record("u7").encode()), "bootId": 7}))
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        mine.get("u7")
+    assert str(err.value) == (
+        f"checkpoint file {wrong} is unreadable: {wrong}: field bootId: expected a string, got "
+        "an integer"
     )

@@ -189,9 +189,9 @@ def _sharing_drift(
         return [f"fake GPU state unreadable: {exc}"]
     known = inventory.build(node, mig_minors=None)
     wanted: dict[str, int] = {}
-    for raw in records.values():
+    for uid, raw in records.items():
         try:
-            record = checkpoint.ClaimRecord.model_validate(raw)
+            record = checkpoint.ClaimRecord.from_json(raw, what=f"claims/{uid}.json")
         except ValueError:
             continue
         for target in sharing.recorded_targets(record, known):
