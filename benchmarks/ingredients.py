@@ -13,6 +13,7 @@ Run: ``python benchmarks/ingredients.py [--calls N]``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -81,10 +82,10 @@ def measure(base: Path, kubeconfig: Path, profile: Path, objs: list[Any], calls:
     alloc = claims.allocated_devices(claim, ref=ref, driver=bench.DRIVER, pool=bench.NODE)
     planned = st._plan(ref, alloc)
     spec = st.specs.build(ref, planned)
-    record = st._record(ref, alloc, planned, spec)
+    record = st._record(ref, alloc, planned, spec, {}, [])
     uids = [str(uuid.uuid4()) for _ in range(calls + 1)]
-    started = [record.model_copy(update={"uid": u, "state": "PrepareStarted"}) for u in uids]
-    completed = [record.model_copy(update={"uid": u}) for u in uids]
+    started = [dataclasses.replace(record, uid=u, state="PrepareStarted") for u in uids]
+    completed = [dataclasses.replace(record, uid=u) for u in uids]
 
     def unprepare_files(i: int) -> None:
         st.store.delete(uids[i])
@@ -125,7 +126,10 @@ def measure(base: Path, kubeconfig: Path, profile: Path, objs: list[Any], calls:
         ),
         ("opaque config decode + device plan", timed(lambda i: st._plan(ref, alloc), calls)),
         ("CDI spec build + checks", timed(lambda i: st.specs.build(ref, planned), calls)),
-        ("checkpoint record build", timed(lambda i: st._record(ref, alloc, planned, spec), calls)),
+        (
+            "checkpoint record build",
+            timed(lambda i: st._record(ref, alloc, planned, spec, {}, []), calls),
+        ),
         *file_rows,
         (
             "log line (claim logger, JSON)",
