@@ -5,8 +5,8 @@ The real agent process (fake GPUs, the fake API server over loopback HTTP) publi
 and prepares and unprepares a claim through the kubelet's gRPC; then it is asked, by a signal
 handler the test wraps around ``python -m dra_driver``, which modules it holds. The ComputeDomain
 driver, the MPS machinery, pydantic (opaque configs only) and the ``kubernetes`` library must
-not be among them; a claim with an opaque config then does load the config models, which shows
-the probe sees lazy loading at all.
+not be among them; a claim with an opaque config then does load the config models (and still
+no MPS), which shows the probe sees lazy loading at all.
 """
 
 from __future__ import annotations
@@ -34,6 +34,12 @@ runpy.run_module("dra_driver", run_name="__main__", alter_sys=True)
 NOT_LOADED = (
     "kubernetes",
     "urllib3",
+    "pydantic",  # and pydantic_core
+    "zipfile",  # importlib.resources' readers
+    "dra_driver.driver.configmodels",
+    "dra_driver.driver.nvidiamodels",
+    "dra_driver.driver.mps",  # mps, mpsclaims, mpsrecords, ...
+    "dra_driver.devices.fake.fakemps",
     "dra_driver.cdagent",
     "dra_driver.computedomain.nodedriver",
     "dra_driver.computedomain.monitor",
@@ -52,6 +58,18 @@ def test_an_agent_that_served_a_plain_claim_holds_none_of_what_it_did_not_use(
         assert "dra_driver.driver.checkpoint" in loaded and "grpc" in loaded  # it ran the agent
         held = sorted(m for m in loaded if m.startswith(NOT_LOADED))
         assert not held, f"the agent holds modules it did not use: {held[:10]}"
+        configured = put_claim(
+            apiserver,
+            "configured",
+            "gpu-1",
+            config={"apiVersion": "gpu.nvidia.com/v1", "kind": "GpuConfig", "env": {"A": "b"}},
+        )
+        assert kubelet.prepare([configured]).claims[configured.uid].error == ""
+        spec = (agent.cdi_root / f"k8s.gpu.nvidia.com-claim_{configured.uid}.json").read_text()
+        assert '"A=b"' in spec  # the config was decoded and applied
+        loaded = modules_of(agent)
+        assert {"pydantic", "dra_driver.driver.configmodels"} <= loaded  # loaded once needed
+        assert not any(m.startswith("dra_driver.driver.mps") for m in loaded)
     finally:
         kubelet.close()
         agent.kill()

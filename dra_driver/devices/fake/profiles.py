@@ -11,7 +11,6 @@ of pydantic, as an agent on real GPUs has none).
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import re
 import uuid as uuidlib
 from dataclasses import field
@@ -278,12 +277,14 @@ def _check_mig(i: int, table_name: str | None, instances: list[MigSpec] | None) 
         used |= slices
 
 
+# The package's own files, read directly: importlib.resources would load its readers and
+# zipfile into every fake agent (~0.4 MiB, docs/fleet.md) for a package never run from a zip.
+_BUILTIN = Path(__file__).parent / "profiles"
+
+
 def builtin_names() -> list[str]:
     """Names of the profiles shipped with the package."""
-    folder = importlib.resources.files("dra_driver.devices.fake") / "profiles"
-    return sorted(
-        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
-    )
+    return sorted(p.name.removesuffix(".yaml") for p in _BUILTIN.glob("*.yaml"))
 
 
 def load_builtin(name: str) -> Profile:
@@ -292,8 +293,8 @@ def load_builtin(name: str) -> Profile:
         raise ProfileError(
             f"unknown fake profile {name!r}; built-in profiles: {', '.join(builtin_names())}"
         )
-    resource = importlib.resources.files("dra_driver.devices.fake") / "profiles" / f"{name}.yaml"
-    return parse(resource.read_text(encoding="utf-8"), source=f"built-in profile {name}")
+    text = (_BUILTIN / f"{name}.yaml").read_text(encoding="utf-8")
+    return parse(text, source=f"built-in profile {name}")
 
 
 def load_file(path: Path) -> Profile:
