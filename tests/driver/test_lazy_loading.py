@@ -6,9 +6,9 @@ the driver core on a fake node, prepares, supervises, restarts (recovery) and un
 claim,
 
 * a claim without opaque config loads neither config models module (``configmodels``,
-  ``nvidiamodels``) nor any ``dra_driver.driver.mps*`` module, and no module of ours executes an
-  ``import pydantic`` except those that other changes take it out of (:data:`NOT_YET`:
-  checkpoint records and the fake GPU backend; with them done, pydantic is not loaded at all);
+  ``nvidiamodels``) nor any ``dra_driver.driver.mps*`` module, no module of ours executes an
+  ``import pydantic``, and pydantic is not loaded at all (checkpoint records and the fake GPU
+  backend are dataclasses with their own strict decoders);
 * a claim with our config loads our models only, one with NVIDIA's MPS config both models and
   MPS, and both are prepared as they ask.
 
@@ -30,12 +30,6 @@ from dra_driver.driver import claims, lazymps
 
 from .conftest import gpu_config, opaque
 
-# Modules of ours that still import pydantic at start-up, each being changed elsewhere.
-NOT_YET = {
-    "dra_driver.driver.claimrecords",
-    "dra_driver.devices.fake.profiles",
-    "dra_driver.devices.fake.migstate",
-}
 LAZY = ("dra_driver.driver.configmodels", "dra_driver.driver.nvidiamodels")
 
 AGENT = r"""
@@ -142,7 +136,8 @@ def test_a_claim_without_opaque_config_loads_no_config_model_and_no_mps(tmp_path
     assert [m for m in LAZY if m in found["modules"]] == []
     assert mps_modules(found["modules"]) == []
     assert "dra_driver.devices.fake.fakemps" not in found["modules"]
-    assert set(found["importers"]) <= NOT_YET, "these modules now import pydantic at start-up"
+    assert found["importers"] == [], "these modules now import pydantic at start-up"
+    assert [m for m in found["modules"] if m.split(".")[0] in ("pydantic", "pydantic_core")] == []
 
 
 def test_our_config_loads_our_models_and_is_applied(tmp_path: Path) -> None:
