@@ -1,0 +1,67 @@
+"""The resident memory a node agent cannot go below: its interpreter and the libraries it needs.
+
+Why it exists: issue 38 holds each agent to the Go helper's footprint. This prints, step by step
+in fresh processes, the RSS of the interpreter alone, then with each dependency the agent cannot
+do without (gRPC with the kubelet's two servers, TLS, protobuf, structlog, prometheus-client,
+PyYAML for kubeconfigs and profiles, pynvml), so the agent's own share (``benchmarks/fleet.py``)
+can be read against that floor (docs/fleet.md).
+
+Run: ``python benchmarks/agent_floor.py [--python PATH]`` (e.g. a venv with the runtime
+dependencies only, as the container image has).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+STEPS = [
+    ("interpreter", ""),
+    ("+ grpc, two servers on unix sockets", "grpc"),
+    ("+ protobuf", "google.protobuf.message"),
+    ("+ structlog", "structlog"),
+    ("+ prometheus_client", "prometheus_client"),
+    ("+ yaml", "yaml"),
+    ("+ pynvml", "pynvml"),
+]
+
+PROBE = """
+import importlib, os, sys, tempfile, time
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+if "grpc" in sys.argv[1:]:
+    import grpc
+    from concurrent import futures
+    folder = tempfile.mkdtemp()
+    for i in range(2):
+        server = grpc.server(futures.ThreadPoolExecutor(16))
+        server.add_insecure_port(f"unix:{folder}/s{i}.sock")
+        server.start()
+    time.sleep(1)
+with open("/proc/self/status") as status:
+    print([line.split()[1] for line in status if line.startswith("VmRSS:")][0])
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--python", default=sys.executable, help="the agents' interpreter")
+    args = parser.parse_args(argv)
+    names: list[str] = []
+    print(f"{'step':40} {'RSS MiB':>8} {'added':>7}")
+    last = 0.0
+    for label, module in STEPS:
+        if module:
+            names.append(module)
+        out = subprocess.run(
+            [args.python, "-c", PROBE, *names], capture_output=True, text=True, check=True
+        ).stdout
+        rss = int(out.split()[-1]) / 1024
+        print(f"{label:40} {rss:8.1f} {rss - last:7.1f}")
+        last = rss
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
