@@ -37,14 +37,15 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from dra_driver import __version__
-from dra_driver.kube.http1 import MAX_LINE, read_head, read_response
 from dra_driver.kube.http1 import Response as Response
 from dra_driver.kube.http1 import TransportError as TransportError
 from dra_driver.kube.http1 import describe as _describe
+from dra_driver.kube.http1 import read_head, read_response
 from dra_driver.kube.http1 import timed_out as _timed_out
 from dra_driver.kube.streams import Stream
 
 CONNECT_ATTEMPTS = 3  # like the library's urllib3.Retry(connect=2)
+READ_BUFFER = 16384
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -134,7 +135,9 @@ class _Connection:
             raise
         self.sock = sock
         self.tls = isinstance(sock, ssl.SSLSocket)
-        self.rfile: BinaryIO = sock.makefile("rb", buffering=MAX_LINE)  # type: ignore[assignment]
+        # 16 KiB: a TLS record's most, so a larger buffer saves no reads; it is held per
+        # connection for the agent's life (64 KiB was ~0.3 MiB per agent, docs/fleet.md).
+        self.rfile: BinaryIO = sock.makefile("rb", buffering=READ_BUFFER)  # type: ignore[assignment]
         self.idle_since = time.monotonic()
         self.fresh = self.tls  # TLS, and its session not yet learnt (see Transport._give_back)
 
