@@ -59,12 +59,17 @@ _WRITERS: weakref.WeakSet[StatusWriter] = weakref.WeakSet()
 
 
 def _before_fork() -> None:
+    """A forked child must not inherit a lock another thread held: it would wait on it forever
+    (seen in the crash-point tests' forked children). Both are taken, one after the other as
+    the writer thread takes them (never nested there), and released on both sides."""
     for writer in list(_WRITERS):
         writer._busy.acquire()
+        writer._cond.acquire()
 
 
 def _after_fork() -> None:
     for writer in list(_WRITERS):
+        writer._cond.release()
         if writer._busy.locked():
             writer._busy.release()
 

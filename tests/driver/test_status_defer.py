@@ -8,6 +8,7 @@ writer now holds its writes while any prepare or unprepare of this node runs, fo
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -65,3 +66,37 @@ def test_a_held_write_goes_out_after_max_defer_even_when_claims_never_stop(node:
     finally:
         stop.set()
         worker.join()
+
+
+def test_a_child_forked_while_another_thread_holds_the_writers_lock_can_still_sync(
+    node: Node,
+) -> None:
+    """The crash-point tests fork children that prepare with the parent's driver: a lock held
+    by another thread at the fork would block the child forever (once seen as a hung test)."""
+    status = node.driver.status
+    assert status is not None
+    ref = node.add(claim_obj(name="forked", uid=new_uid(), devices=["gpu-0"]))
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # the writer thread (or any caller) inside the lock at the fork
+        with status._cond:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    threading.Timer(0.2, release.set).start()  # the fork waits for the lock, then goes on
+    pid = os.fork()
+    if pid == 0:  # child: only this thread exists; the lock must be free for it
+        status.sync(ref)
+        os._exit(0 if status.pending() >= 1 else 1)
+    holder.join(5)
+    deadline = time.monotonic() + 10
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if done == (0, 0):
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child blocked on a lock held at the fork")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
