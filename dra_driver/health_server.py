@@ -26,6 +26,7 @@ import http.server
 import json
 import os
 import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -185,7 +186,7 @@ class HealthServer:
         if self._httpd is not None:
             raise HealthServerError("health server already started")
         handler = _handler_class(registry=self._registry, readiness=self._readiness)
-        server_class = _IPv6Server if ":" in self._host else http.server.ThreadingHTTPServer
+        server_class = _IPv6Server if ":" in self._host else _Server
         try:
             httpd = server_class((self._host, self._port), handler)
         except OSError as exc:
@@ -228,7 +229,17 @@ class HealthServer:
         self.stop()
 
 
-class _IPv6Server(http.server.ThreadingHTTPServer):
+class _Server(http.server.ThreadingHTTPServer):
+    def server_bind(self) -> None:
+        """Bind without ``http.server``'s ``socket.getfqdn`` of the address: a reverse DNS
+        lookup at start (slow where cluster DNS is) for a name nothing here uses, which also
+        loads the IDNA codec for the agent's life (~0.4 MiB, docs/fleet.md)."""
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+
+class _IPv6Server(_Server):
     address_family = socket.AF_INET6
 
 

@@ -225,3 +225,15 @@ def test_configuration_gives_tls_auth_and_refreshed_tokens(
     config.proxy = None
     with pytest.raises(ValueError, match="not http"):
         transport.from_configuration(config, timeouts=(2.0, 2.0))
+
+
+def test_an_ascii_host_is_resolved_as_bytes_and_any_other_name_through_idna() -> None:
+    """An ASCII name or address goes to getaddrinfo and to TLS as bytes, which keeps the IDNA
+    codec (~0.4 MiB) out of the agent; a name that is not ASCII stays str and is encoded."""
+    plain = transport.Endpoint(host="10.0.0.1", port=6443, server_hostname="apiserver.test")
+    assert plain.address == (b"10.0.0.1", 6443)
+    assert plain.tls_name == b"apiserver.test"
+    assert transport.Endpoint(host="::1", port=443).tls_name == b"::1"
+    named = transport.Endpoint(host="bücher.example", port=443)
+    assert named.address == ("bücher.example", 443)
+    assert named.tls_name == "bücher.example"
