@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint pytest system-deps proto clean chart e2e e2e-down faults mutate gpu-check
+.PHONY: demo test lint pytest system-deps proto profiles clean chart e2e e2e-down faults mutate gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,9 @@ mutate: $(STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
+
+profiles: $(STAMP)
+	$(BIN)/python scripts/gen_profiles.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

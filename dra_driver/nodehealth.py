@@ -13,16 +13,21 @@ when no agent is asked.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from dra_driver import healthcontrol, logs
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import health, healthpolicy, healthtracker, model, watcher
-from dra_driver.devices.fake import fakenvml
+
+if TYPE_CHECKING:  # the fake backend is loaded only where --fake asks for it (docs/fleet.md)
+    from dra_driver.devices.fake import fakenvml
+
+_FAKE_NVML = "dra_driver.devices.fake.fakenvml"
 
 # What ``fake-event`` can do to a fake GPU (the "event" of an inject request).
 FAKE_EVENTS = (
@@ -184,7 +189,7 @@ def start(
             observe=metrics.health_event,
             nvml_error=metrics.nvml_error,
         )
-    fake = nvml_api if isinstance(nvml_api, fakenvml.FakeNvml) else None
+    fake = nvml_api if _is_fake(nvml_api) else None
     node = NodeHealth(
         board=board, devices=devices, tracker=tracker, watcher=watch, fake=fake, log=log
     )
@@ -207,6 +212,13 @@ def start(
             log.error("cannot serve the health socket", socket=str(socket), error=str(exc))
             node.control = None
     return node
+
+
+def _is_fake(nvml_api: Any) -> bool:
+    """Whether ``nvml_api`` is the fake node's NVML stand-in: it cannot be unless the fake
+    backend was loaded (by ``--fake``), so a real agent never imports it to ask."""
+    loaded = sys.modules.get(_FAKE_NVML)
+    return loaded is not None and isinstance(nvml_api, loaded.FakeNvml)
 
 
 def probe(nvml_api: Any, devices: model.NodeDevices) -> dict[str, tuple[health.Condition, ...]]:

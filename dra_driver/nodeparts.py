@@ -10,6 +10,7 @@ build the same parts the agent would.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from dra_driver.devices import backend as devices_backend
-from dra_driver.devices import control, fake, migcontrol, model, nvml
+from dra_driver.devices import control, migcontrol, model, nvml
 from dra_driver.driver import cdi, checkpoint, driverfiles, inventory
 from dra_driver.kube import api as kube
 from dra_driver.pluginsettings import PluginSettings
@@ -139,7 +140,9 @@ def mig_control_for(
     None when no GPU is dynamic (the agent then never changes a MIG layout)."""
     if not settings.dynamic.enabled:
         return None
-    fake_nvml = backend.nvml if isinstance(backend, fake.FakeBackend) else None
+    # The fake backend's module is loaded only when --fake made one (a real node never loads it).
+    fake = sys.modules.get("dra_driver.devices.fake")
+    fake_nvml = backend.nvml if fake is not None and isinstance(backend, fake.FakeBackend) else None
     if fake_nvml is not None:
         fake_nvml.mig_state.use_file(settings.fake_mig_state)
     return migcontrol.NvmlMigControl(nvml_api=fake_nvml or nvml.real_module())

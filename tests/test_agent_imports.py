@@ -22,6 +22,7 @@ AGENT = """
 import json, sys
 from pathlib import Path
 import dra_driver.cli.kubelet_plugin, dra_driver.app  # the entry point and its wiring
+import dra_driver.agentparts, dra_driver.nodehealth  # what app.run() builds a real node with
 from dra_driver.kube import client, features  # imported by the entry point's run()
 from dra_driver.cli import build_parser
 args = build_parser(["kubelet-plugin"]).parse_args(["kubelet-plugin", "--node-name", "n1"])
@@ -44,3 +45,7 @@ def test_the_agents_start_up_imports_nothing_it_cut(tmp_path: Path) -> None:
     assert "dra_driver.kube.client" in loaded and "grpc" in loaded  # it did load the agent
     crept = sorted(m for m in loaded if m.split(".")[0] in CUT)
     assert not crept, f"the node agent imports what docs/fleet.md says it cut: {crept[:10]}"
+    fake = sorted(m for m in loaded if m.startswith("dra_driver.devices.fake"))
+    assert not fake, f"a real node's agent (no --fake) loads the fake GPU backend: {fake}"
+    # Its configuration is JSON here (in a DaemonSet: the in-cluster one): no YAML parser.
+    assert "yaml" not in loaded, "a real node's agent loads PyYAML though it reads no YAML"

@@ -22,14 +22,13 @@ class UsageError(Exception):
 def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     """``--fake PROFILE`` / ``--fake-file FILE``; neither = real NVML."""
     from dra_driver.cli import env_default
-    from dra_driver.devices.fake import profiles
 
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
         "--fake",
         metavar="PROFILE",
         default=env_default("FAKE_PROFILE"),
-        help=f"use a built-in fake GPU profile ({', '.join(profiles.builtin_names())}); "
+        help=f"use a built-in fake GPU profile ({', '.join(backend.builtin_fake_profiles())}); "
         "env FAKE_PROFILE",
     )
     group.add_argument(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 from dra_driver.devices import model
@@ -52,3 +53,13 @@ class GpuSampler(Protocol):
     def sample(self, uuids: Sequence[str]) -> dict[str, GpuSample]:
         """One pass over ``uuids``; never raises for one GPU's failure."""
         ...
+
+
+# Where the fake GPU profiles shipped with the package are, known here so that naming them (the
+# CLI's help) does not load the fake backend, which a real node's agent never needs.
+BUILTIN_FAKE_PROFILES = Path(__file__).parent / "fake" / "profiles"
+
+
+def builtin_fake_profiles() -> list[str]:
+    """Names of the fake GPU profiles shipped with the package (``dgx-h100``, ...)."""
+    return sorted(p.name.removesuffix(".yaml") for p in BUILTIN_FAKE_PROFILES.glob("*.yaml"))

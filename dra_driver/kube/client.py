@@ -32,8 +32,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dra_driver.kube import api, library, transport
 from dra_driver.kube import kubeconfig as _kubeconfig
 
@@ -46,9 +44,10 @@ class ConfigError(Exception):
     """No usable kubeconfig or in-cluster configuration; the message says what is missing."""
 
 
-def _check_kubeconfig(path: Path) -> None:
-    """Raise :class:`ConfigError` (one line: the file and the reason) unless ``path`` is a
-    readable YAML mapping; the client library would crash on anything else with a traceback."""
+def _check_kubeconfig(path: Path) -> Any:
+    """The document in the kubeconfig at ``path``; :class:`ConfigError` (one line: the file and
+    the reason) unless it is a readable YAML (or JSON) mapping: the client library would crash
+    on anything else with a traceback."""
     if not path.exists():
         raise ConfigError(f"kubeconfig {path} does not exist")
     if not path.is_file():
@@ -60,13 +59,10 @@ def _check_kubeconfig(path: Path) -> None:
     except OSError as exc:
         raise ConfigError(f"cannot read kubeconfig {path}: {exc.strerror or exc}") from exc
     try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        loaded = _kubeconfig.parse(text)
+    except _kubeconfig.ParseError as exc:
         raise ConfigError(
-            f"cannot load kubeconfig {path}: not valid YAML{where}: {problem}"
+            f"cannot load kubeconfig {path}: not valid YAML{exc.where}: {exc.problem}"
         ) from exc
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(
@@ -74,6 +70,7 @@ def _check_kubeconfig(path: Path) -> None:
             f"{'list' if isinstance(loaded, list) else 'scalar'}, not a mapping of clusters, "
             "users and contexts)"
         )
+    return loaded
 
 
 class _NoLibrary:
@@ -148,12 +145,13 @@ class KubeClient:
         path = kubeconfig or (
             Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
         )
-        if path is not None:
-            _check_kubeconfig(path)
+        doc = _check_kubeconfig(path) if path is not None else None
         api_client: Any = None
         if lean:
             try:
-                lean_config = _kubeconfig.load(path, context) if path else _kubeconfig.in_cluster()
+                lean_config = (
+                    _kubeconfig.load(path, context, doc=doc) if path else _kubeconfig.in_cluster()
+                )
             except _kubeconfig.ConfigError as exc:
                 where = f"kubeconfig {path}" if path else "in-cluster configuration"
                 raise ConfigError(f"cannot load {where}: {exc}") from exc
@@ -282,7 +280,8 @@ class KubeClient:
     def _lean_watch(
         self, path: str, query: list[tuple[str, str]], silence: float, what: str
     ) -> Iterator[api.WatchEvent]:
-        assert self._transport is not None
+        if self._transport is None:
+            raise RuntimeError("the lean transport is not in use")
         target = f"{path}?{urllib.parse.urlencode(query)}"
         try:
             stream = self._transport.stream(target, read_timeout_s=silence)
@@ -350,7 +349,8 @@ class KubeClient:
         body: api.Obj | str | None,
         content_type: str = "application/json",
     ) -> tuple[int, bytes]:
-        assert self._transport is not None
+        if self._transport is None:
+            raise RuntimeError("the lean transport is not in use")
         target = f"{path}?{urllib.parse.urlencode(query)}" if query else path
         if body is None:
             payload = None

@@ -18,6 +18,7 @@ by ``NO_PROXY``), which the transport does not speak.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import threading
 import time
@@ -25,8 +26,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REFRESH_S = 60.0  # bound service-account tokens rotate; re-read the file this often
@@ -113,13 +112,44 @@ def in_cluster(
     )
 
 
-def load(path: Path, context: str | None = None) -> Configuration | None:
-    """The configuration of ``context`` (default: the current one) in the kubeconfig at
-    ``path``; None when it needs what only the library does (see the module docstring)."""
+class ParseError(ValueError):
+    """A kubeconfig's text is neither JSON nor YAML; ``where`` is `` at line L, column C`` when
+    known, ``problem`` the parser's own words."""
+
+    def __init__(self, problem: str, where: str = "") -> None:
+        super().__init__(f"{problem}{where}")
+        self.problem, self.where = problem, where
+
+
+def parse(text: str) -> Any:
+    """A kubeconfig's document. JSON (``kubectl config view -o json`` writes one; JSON is YAML)
+    is read with :mod:`json`; only YAML loads PyYAML, so an agent configured in-cluster or by a
+    JSON kubeconfig never holds it (~1 MiB per agent, docs/fleet.md)."""
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass  # YAML's flow style, or broken: YAML decides, and says what is wrong
+    import yaml
+
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"kubeconfig {path}: cannot read it: {exc}") from exc
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ParseError(problem, where) from exc
+
+
+def load(path: Path, context: str | None = None, *, doc: Any = None) -> Configuration | None:
+    """The configuration of ``context`` (default: the current one) in the kubeconfig at
+    ``path`` (or in ``doc``, that file already parsed); None when it needs what only the
+    library does (see the module docstring)."""
+    if doc is None:
+        try:
+            doc = parse(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"kubeconfig {path}: cannot read it: {exc}") from exc
     if not isinstance(doc, dict):
         raise ConfigError(f"kubeconfig {path}: not a kubeconfig (no mapping at the top)")
     name = context or doc.get("current-context")

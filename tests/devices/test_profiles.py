@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from scriptload import load_script
 
 from dra_driver.devices.fake import profiles
 
@@ -27,6 +31,35 @@ gpus:
 
 def test_required_profiles_are_shipped() -> None:
     assert set(profiles.builtin_names()) >= REQUIRED
+
+
+def test_the_json_twins_are_what_their_yaml_sources_say(tmp_path: Path) -> None:
+    """A fake agent reads the JSON twin; regenerating (scripts/gen_profiles.py) changes none,
+    and the check names a stale, a missing and an orphaned twin."""
+    gen = load_script("gen_profiles")
+    assert gen.drift() == [], "run `python scripts/gen_profiles.py` and commit the result"
+    folder = tmp_path / "profiles"
+    shutil.copytree(gen.FOLDER, folder)
+    (folder / "pcie-l4.json").write_text('{"name": "pcie-l4"}\n')
+    (folder / "dgx-h100.json").unlink()
+    (folder / "gone.json").write_text("{}\n")
+    assert gen.drift(folder) == [
+        "dgx-h100.json: missing",
+        "pcie-l4.json: differs from pcie-l4.yaml",
+        "gone.json: no gone.yaml",
+    ]
+
+
+def test_a_builtin_profile_loads_without_a_yaml_parser() -> None:
+    """A real node's agent holds no PyYAML (its configuration is in-cluster): a fake node's,
+    which fleet figures stand in for, must not either (docs/fleet.md)."""
+    probe = (
+        "import sys; from dra_driver.devices import fake; "
+        "b = fake.FakeBackend.from_name('dgx-h100'); "
+        "print(len(b.profile.gpus), 'yaml' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["8", "False"]
 
 
 @pytest.mark.parametrize("name", profiles.builtin_names())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +88,41 @@ def test_inline_client_certificates_reach_a_tls_server_without_the_library(
             assert server.api.get_node("n1")["metadata"]["labels"]["a"] == "b"
         finally:
             kube.close()
+
+
+def test_a_json_kubeconfig_reads_like_its_yaml_and_loads_no_yaml_parser(tmp_path: Path) -> None:
+    """JSON is read with json (no PyYAML in the agent, docs/fleet.md); the same document in YAML
+    gives the same configuration; YAML flow style that is not JSON still reads as YAML."""
+    user = {"token": "abc", "client-certificate-data": "Y2VydA==", "client-key-data": "a2V5"}
+    as_yaml = write(tmp_path / "y", user)
+    doc = yaml.safe_load(as_yaml.read_text())
+    as_json = tmp_path / "j"
+    as_json.write_text(json.dumps(doc, indent=2))
+    loaded = [kubeconfig.load(p) for p in (as_yaml, as_json)]
+    assert loaded[0] is not None and loaded[1] is not None
+    settings = [{k: v for k, v in vars(c).items() if k != "_lock"} for c in loaded]
+    assert settings[0] == settings[1] and settings[0]["cert_data"] == b"cert"
+    assert kubeconfig.parse("{current-context: c, users: []}") == {
+        "current-context": "c",
+        "users": [],
+    }
+    probe = (
+        "import sys; from pathlib import Path; from dra_driver.kube import kubeconfig; "
+        "c = kubeconfig.load(Path(sys.argv[1])); "
+        "assert c.auth_settings()['BearerToken']['value'] == 'Bearer abc'; "
+        "print('yaml' in sys.modules)"
+    )
+    for path, holds_yaml in ((as_json, "False"), (as_yaml, "True")):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == holds_yaml, path
+
+
+def test_a_broken_kubeconfig_names_the_line_and_column(tmp_path: Path) -> None:
+    broken = tmp_path / "kc"
+    broken.write_text('{"current-context": "c",\n  "users": [}\n')  # neither JSON nor YAML
+    with pytest.raises(client.ConfigError, match=r"kc: not valid YAML at line 2, column \d+: "):
+        client.KubeClient.connect(broken)
+    with pytest.raises(kubeconfig.ConfigError, match=r"kc: cannot read it: .* at line 2"):
+        kubeconfig.load(broken)

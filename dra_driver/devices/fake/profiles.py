@@ -11,15 +11,14 @@ of pydantic, as an agent on real GPUs has none).
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import uuid as uuidlib
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-
-from dra_driver.devices import migtables
+from dra_driver.devices import backend, migtables
 from dra_driver.devices.fake import strict
 from dra_driver.devices.fake.strict import rules
 
@@ -279,12 +278,12 @@ def _check_mig(i: int, table_name: str | None, instances: list[MigSpec] | None) 
 
 # The package's own files, read directly: importlib.resources would load its readers and
 # zipfile into every fake agent (~0.4 MiB, docs/fleet.md) for a package never run from a zip.
-_BUILTIN = Path(__file__).parent / "profiles"
+_BUILTIN = backend.BUILTIN_FAKE_PROFILES
 
 
 def builtin_names() -> list[str]:
     """Names of the profiles shipped with the package."""
-    return sorted(p.name.removesuffix(".yaml") for p in _BUILTIN.glob("*.yaml"))
+    return backend.builtin_fake_profiles()
 
 
 def load_builtin(name: str) -> Profile:
@@ -293,8 +292,9 @@ def load_builtin(name: str) -> Profile:
         raise ProfileError(
             f"unknown fake profile {name!r}; built-in profiles: {', '.join(builtin_names())}"
         )
-    text = (_BUILTIN / f"{name}.yaml").read_text(encoding="utf-8")
-    return parse(text, source=f"built-in profile {name}")
+    # Its JSON twin (scripts/gen_profiles.py), so a fake node's agent holds no YAML parser.
+    data = json.loads((_BUILTIN / f"{name}.json").read_text(encoding="utf-8"))
+    return _decode(data, source=f"built-in profile {name}")
 
 
 def load_file(path: Path) -> Profile:
@@ -308,10 +308,16 @@ def load_file(path: Path) -> Profile:
 
 def parse(text: str, *, source: str) -> Profile:
     """Parse and validate profile YAML; errors name the source and the field path."""
+    import yaml  # only for a user's profile file: the built-in ones are read from JSON
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{source}: not valid YAML: {exc}") from exc
+    return _decode(data, source=source)
+
+
+def _decode(data: Any, *, source: str) -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: a profile must be a YAML mapping")
     try:

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import signal
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import yaml
 
 from dra_driver.testing.fakeapi import (
     discovery,
@@ -126,7 +125,9 @@ def write_kubeconfig(
     path: Path, server_url: str, *, token: str | None = None, tls: certs.Bundle | None = None
 ) -> Path:
     """Write a kubeconfig whose only context points at ``server_url`` (with ``tls``: trusting
-    its CA and presenting its client certificate, all inline)."""
+    its CA and presenting its client certificate, all inline). It is written as JSON, which is
+    YAML too (``kubectl config view -o json``): an agent reads it without PyYAML, as it reads
+    its in-cluster configuration in a DaemonSet (docs/fleet.md)."""
     user: dict[str, str] = {"token": token} if token else {}
     cluster: dict[str, str] = {"server": server_url}
     if tls is not None:
@@ -141,7 +142,7 @@ def write_kubeconfig(
         "users": [{"name": "fake", "user": user}],
         "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
     }
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return path
 
 
