@@ -6,13 +6,15 @@ do without (gRPC with the kubelet's two servers, TLS, protobuf, structlog, prome
 PyYAML for kubeconfigs and profiles, pynvml), so the agent's own share (``benchmarks/fleet.py``)
 can be read against that floor (docs/fleet.md).
 
-Run: ``python benchmarks/agent_floor.py [--python PATH]`` (e.g. a venv with the runtime
-dependencies only, as the container image has).
+Run: ``python benchmarks/agent_floor.py [--python PATH] [--optimize 0|2]`` (e.g. a venv with the
+runtime dependencies only, as the container image has; ``PYTHONOPTIMIZE=2`` by default, as the
+chart runs the agents).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -48,7 +50,15 @@ with open("/proc/self/status") as status:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", default=sys.executable, help="the agents' interpreter")
+    parser.add_argument(
+        "--optimize",
+        type=int,
+        choices=(0, 2),
+        default=2,
+        help="PYTHONOPTIMIZE, as the chart runs the agents (default 2)",
+    )
     args = parser.parse_args(argv)
+    env = {**os.environ, "PYTHONOPTIMIZE": str(args.optimize) if args.optimize else ""}
     names: list[str] = []
     print(f"{'step':40} {'RSS MiB':>8} {'added':>7}")
     last = 0.0
@@ -56,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         if module:
             names.append(module)
         out = subprocess.run(
-            [args.python, "-c", PROBE, *names], capture_output=True, text=True, check=True
+            [args.python, "-c", PROBE, *names], capture_output=True, text=True, check=True, env=env
         ).stdout
         rss = int(out.split()[-1]) / 1024
         print(f"{label:40} {rss:8.1f} {rss - last:7.1f}")

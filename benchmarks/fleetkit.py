@@ -236,13 +236,15 @@ class Agent:
         *,
         tree: Path = REPO,
         python: str = sys.executable,
+        optimize: int = 0,
     ) -> None:
         """``tree``: the source tree to run (e.g. an export of ``main``, for before/after);
         ``python``: the interpreter (e.g. of a venv with the runtime dependencies only, as the
-        container image has: no ``rich``, which structlog loads when it is there)."""
+        container image has: no ``rich``, which structlog loads when it is there);
+        ``optimize``: its ``PYTHONOPTIMIZE`` (the chart runs the agents with 2)."""
         self.base, self.node, self.profile = base, node, profile
         self.kubeconfig, self.group = kubeconfig, group
-        self.tree, self.python = tree, python
+        self.tree, self.python, self.optimize = tree, python, optimize
         self.proc: subprocess.Popen[bytes] | None = None
         self.pod_uid = ""
         self.started = 0.0
@@ -293,7 +295,12 @@ class Agent:
                 stdin=subprocess.DEVNULL,
                 cwd=self.tree,
                 process_group=self.group,
-                env={**os.environ, "PYTHONPATH": str(self.tree)},
+                env={
+                    **os.environ,
+                    "PYTHONPATH": str(self.tree),
+                    "PYTHONOPTIMIZE": str(self.optimize) if self.optimize else "",
+                    "MALLOC_ARENA_MAX": "2",  # as the container image sets it
+                },
             )
         return self
 
@@ -307,6 +314,7 @@ class Agent:
             self.group,
             tree=self.tree,
             python=self.python,
+            optimize=self.optimize,
         )
         new.generation = self.generation
         return new

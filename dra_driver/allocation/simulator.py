@@ -211,7 +211,8 @@ def _insight(
 
 
 def _positions(ctx: allocator.Context, outcome: allocator.Outcome) -> list[int]:
-    assert outcome.allocation is not None
+    if outcome.allocation is None:
+        raise ValueError("the outcome has no allocation")
     index = {d.id: p for p, d in enumerate(ctx.sel.devices)}
     return [
         index[(r["driver"], r["pool"], r["device"])]

@@ -189,7 +189,8 @@ class Solver:
             packed = self.weights.packed(found[0])
             if best is None or packed > best[0] or (packed == best[0] and found[0] < best[1]):
                 best = (packed, found[0], found[1], found[2])
-        assert best is not None
+        if best is None:
+            raise RuntimeError("no instance was optimised")
         _, _, per_request, optimal = best
         picks = tuple(
             (alt, tuple(chosen)) for alt, chosen in zip(instances[0].alts, per_request, strict=True)
@@ -219,9 +220,11 @@ class Solver:
             chosen, optimal = found.items, found.optimal
         else:  # node limit hit before any feasible set: fall back to the plain matching
             fallback = assign(counts, inst.cands)
-            assert fallback is not None
+            if fallback is None:
+                raise RuntimeError("the plain matching found no set the search had found")
             chosen, optimal = tuple(p for x in fallback for p in x), False
         per = assign(counts, inst.cands, chosen)
-        assert per is not None
+        if per is None:
+            raise RuntimeError("the chosen devices do not match the requests")
         per_request = [sorted(f) if f is not None else per[j] for j, f in enumerate(inst.fixed)]
         return tuple(sorted((*must, *chosen))), per_request, optimal

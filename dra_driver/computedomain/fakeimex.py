@@ -116,7 +116,9 @@ def _read(path: Path) -> tuple[str, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fakeimex", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="fakeimex", description=(__doc__ or "").split("\n", 1)[0] or None
+    )
     parser.add_argument("--config-dir", type=Path, default=Path(cd.DAEMON_DIR))
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between checks")
     args = parser.parse_args(argv)

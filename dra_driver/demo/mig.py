@@ -224,7 +224,8 @@ def _allocate(
 
 
 def _put_allocated(s: _Scene, name: str, outcome: allocator.Outcome) -> claims.ClaimRef:
-    assert outcome.allocation is not None
+    if outcome.allocation is None:
+        raise ValueError(f"claim {name} was not allocated")
     s.used |= pools.allocated_ids([outcome.allocation["devices"]])
     obj = s.rig.api.get_resource_claim(NAMESPACE, name)
     status = {

@@ -180,7 +180,8 @@ class MigInstances:
         self, ref: claims.ClaimRef, known: inventory.PreparableDevice
     ) -> migcontrol.Instance:
         place = known.placement
-        assert place is not None
+        if place is None:
+            raise RuntimeError(f"device {known.name} has no MIG placement to create")
         control = self._need_control(ref, known.name)
         with self._gpu(place.parent_uuid):
             try:

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -161,8 +161,12 @@ class PluginProcess:
         publish: bool = False,
         pod_uid: str = "",
         extra: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        """``env``: set in the plugin's environment over this process's (e.g.
+        ``PYTHONOPTIMIZE``, as the chart runs the agents)."""
         self.base = base
+        self.env = {**os.environ, **env} if env else None
         self.driver = driver
         self.registry_dir = base / "registry"
         self.plugins_dir = base / "plugins"
@@ -241,7 +245,9 @@ class PluginProcess:
 
     def start(self) -> PluginProcess:
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self.argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=self.env
+        )
         log.close()
         return self
 

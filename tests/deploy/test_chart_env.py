@@ -20,6 +20,7 @@ from dra_driver import cli
 # unread variable still fails the test.
 NOT_A_FLAG = {
     "POD_NAMESPACE": "informational (log context)",
+    "PYTHONOPTIMIZE": "read by the interpreter itself (docs/fleet.md)",
 }
 # Read, but overridden by another variable the same value set also sets.
 SHADOWED = {"POD_IP": "METRICS_ADDRESS"}

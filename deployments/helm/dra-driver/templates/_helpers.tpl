@@ -158,6 +158,11 @@ seccompProfile:
   value: {{ .Values.logging.format | quote }}
 - name: METRICS_PORT
   value: {{ .Values.metrics.port | quote }}
+{{- if .Values.python.optimize }}
+# Docstrings and asserts out of memory (~2 MiB per agent); the image has the byte-code for it.
+- name: PYTHONOPTIMIZE
+  value: {{ .Values.python.optimize | quote }}
+{{- end }}
 # The metrics/health server listens on the pod IP (the probes' target), not on every interface.
 - name: POD_IP
   valueFrom:
