@@ -42,7 +42,7 @@ class PluginSettings:
     workers: int = 32  # threads preparing the claims of one call in parallel
     grpc_workers: int = 16  # threads serving the DRA socket: one call (one claim, usually) each
     api_keepalive_s: float = 30.0  # refresh idle API connections this old (server cut-off: 90 s)
-    api_warm_connections: int = 1  # of the api_connections opened at start, kept open for good
+    api_warm_connections: int = 1  # opened at start and kept open for good (bursts open more)
     serial: bool = False
     cleanup_interval_s: float = 60.0
     publish: bool = True
@@ -71,8 +71,10 @@ class PluginSettings:
 
     @property
     def api_connections(self) -> int:
-        """API connections to keep warm: one per thread that may GET a claim while the others
-        do (every gRPC worker; a call's claims run on the ``workers`` pool, kept up to that)."""
+        """API connections a burst may use at once: one per thread that may GET a claim while
+        the others do (every gRPC worker; a call's claims run on the ``workers`` pool, kept up
+        to that). Only ``api_warm_connections`` are opened at start: the others cost every
+        agent memory and the API server TLS handshakes at every rollout (docs/fleet.md)."""
         return self.grpc_workers
 
     @property

@@ -91,10 +91,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--api-warm-connections",
         type=int,
         default=int(env_default("API_WARM_CONNECTIONS", "1") or 1),
-        help="of the API connections opened at start (one per gRPC worker), how many the "
-        "keep-alive keeps open while idle; the others close after --api-keepalive idle and a "
-        "burst re-opens them (TLS resumed). Each kept one costs the API server a request per "
-        "keep-alive period per node (env API_WARM_CONNECTIONS; default 1)",
+        help="API server connections opened at start and kept open while idle (a keep-alive "
+        "request each per --api-keepalive); a burst of prepares opens more, one per gRPC worker, "
+        "resuming the TLS session the kept one holds, and they close after --api-keepalive idle. "
+        "Each kept one costs the API server a request per keep-alive period per node, and the "
+        "agent ~40 KiB (env API_WARM_CONNECTIONS; default 1)",
     )
     parser.add_argument(
         "--serial",
@@ -226,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         devices = common.make_backend(args)
         api = client.KubeClient.connect(
             settings.kubeconfig,
-            connections=settings.api_connections,
+            connections=settings.api_warm_connections,
             max_connections=max(settings.workers, settings.api_connections),
             keepalive_s=settings.api_keepalive_s,
             warm_connections=settings.api_warm_connections,
