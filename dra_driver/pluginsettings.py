@@ -15,7 +15,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from dra_driver import healthcontrol
+from dra_driver import healthcontrol, records
 from dra_driver.computedomain.settings import ComputeDomainSettings
 from dra_driver.devices import healthpolicy, migprofiles
 from dra_driver.driver import checkpoint
@@ -23,7 +23,7 @@ from dra_driver.kubelet import server
 from dra_driver.slices import shares
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class PluginSettings:
     """Everything the node agent is configured with (flags / environment)."""
 

@@ -18,6 +18,7 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from dra_driver import records
 from dra_driver.allocation import (
     capacity,
     claim,
@@ -34,7 +35,7 @@ from dra_driver.allocation import (
 from dra_driver.devices import model
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Outcome:
     """What allocating one claim on one node gave."""
 

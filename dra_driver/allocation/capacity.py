@@ -27,12 +27,12 @@ whether the next share skips the counter check.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dra_driver import records
 from dra_driver.allocation import pools
 from dra_driver.apimachinery import quantity
 from dra_driver.slices import requestpolicy
@@ -44,7 +44,7 @@ class CapacityError(Exception):
     """A capacity request or consumedCapacity entry that is not a quantity (names the field)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Fit:
     """Whether a device fits a request: ``consumed`` (by the device's capacity names) or why not."""
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from cel_expr_python import cel
 
+from dra_driver import records
 from dra_driver.allocation import cel_env
 from dra_driver.apimachinery import quantity as qty
 from dra_driver.apimachinery import semver as sv
@@ -73,7 +74,7 @@ class CelEvalError(CelError):
         self.reason = reason
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class CelDevice:
     """A device converted once into CEL values, ready for any number of selectors."""
 
@@ -176,7 +177,7 @@ def _type_name(type_: Any) -> str:
     return text.replace("<", "(").replace(">", ")")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class CompiledSelector:
     """One compiled selector expression; immutable and safe to share between threads."""
 

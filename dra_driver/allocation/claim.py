@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dra_driver import records
 from dra_driver.apimachinery import quantity
 
 EXACT_COUNT = "ExactCount"
@@ -23,7 +24,7 @@ class ClaimError(Exception):
     """A claim or class cannot be used as given; the message names the object and field."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Request:
     """One thing to allocate: a plain request, or one subrequest of a ``firstAvailable`` list."""
 
@@ -40,7 +41,7 @@ class Request:
     capacity: Mapping[str, quantity.Quantity] = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class RequestGroup:
     """An entry of ``spec.devices.requests``: one request, or alternatives tried in order."""
 
@@ -49,7 +50,7 @@ class RequestGroup:
     first_available: bool
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Constraint:
     """A ``matchAttribute`` constraint; ``requests`` empty = every request of the claim."""
 
@@ -63,7 +64,7 @@ class Constraint:
         return request.main in self.requests or request.name in self.requests
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Claim:
     name: str
     namespace: str
@@ -72,7 +73,7 @@ class Claim:
     config: tuple[Mapping[str, Any], ...]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class DeviceClass:
     name: str
     selectors: tuple[str, ...]

@@ -43,9 +43,9 @@ and backtrack gives back what it booked, as the fixed scheduler does.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 
+from dra_driver import records
 from dra_driver.allocation import capacity, claim, counters, pools, schedwork, selection
 
 DEFAULT_BUDGET = 200_000  # search steps before giving up ("undecided")
@@ -53,7 +53,7 @@ DEFAULT_BUDGET = 200_000  # search steps before giving up ("undecided")
 Pick = tuple[str, int]  # (result request name, device position)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Verdict:
     """``allocated`` | ``unsatisfiable`` | ``error`` | ``undecided`` (budget exhausted)."""
 

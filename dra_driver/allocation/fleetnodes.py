@@ -26,11 +26,11 @@ are judged by.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from dra_driver import records
 from dra_driver.allocation import physical, pools
 from dra_driver.devices import gpusets
 
@@ -46,7 +46,7 @@ class InputError(Exception):
     """A ResourceSlice or allocated claim that cannot be read; names the object and field."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class NodeGpus:
     """One node's full GPUs (scheduler order), the bit mask of the free ones, the pair scores."""
 

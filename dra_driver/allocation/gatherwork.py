@@ -36,16 +36,16 @@ counters, k slices and D devices.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dra_driver import records
 from dra_driver.allocation import pools, schedwork
 
 PoolId = tuple[str, str]  # (driver, pool)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class SliceInfo:
     """What ``GatherPools`` reads of one ResourceSlice."""
 

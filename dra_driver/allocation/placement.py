@@ -17,11 +17,11 @@ into one integer so that comparing sums is comparing score tuples.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TypeVar
 
+from dra_driver import records
 from dra_driver.devices import topology as topo_mod
 
 Score = tuple[int, int, int]  # (NVLink links, same-NUMA pairs, same-PCIe-root pairs)
@@ -31,7 +31,7 @@ DEFAULT_NODE_LIMIT = 200_000
 _T = TypeVar("_T")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Placement:
     """The chosen items (sorted, ``must`` items excluded) and the score of all of them."""
 

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from dra_driver import records
 from dra_driver.allocation import counters
 
 DeviceId = tuple[str, str, str]  # (driver, pool, device)
@@ -24,7 +25,7 @@ class SliceError(Exception):
     """A ResourceSlice (or allocated-devices input) is not usable; names the object and field."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Device:
     """One device of a usable pool, with where it came from."""
 
@@ -42,7 +43,7 @@ class Device:
         return (self.driver, self.pool, self.name)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Pool:
     driver: str
     name: str

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dra_driver import records
 from dra_driver.allocation import allocator, firstfit, gatherwork, pools, schedwork
 
 TEMPLATE_NODE = "node-x"
@@ -112,7 +113,7 @@ def rename(slices: Sequence[Obj], node: str, template: str = TEMPLATE_NODE) -> l
     return out
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class _Search:
     work: schedwork.Work
     picks: tuple[pools.DeviceId, ...] | None  # None: the node does not fit the claim

@@ -10,10 +10,10 @@ the request's, stopping at the first false or error) so the same errors surface.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from dra_driver import records
 from dra_driver.allocation import capacity, cel, claim, gatherwork, pools, schedwork
 from dra_driver.apimachinery import taints
 
@@ -22,7 +22,7 @@ class UnknownClassError(Exception):
     """A request names a DeviceClass that does not exist."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Failure:
     """Why a device does not match a request's selectors."""
 

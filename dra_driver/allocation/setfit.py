@@ -23,11 +23,11 @@ A fleet's numbers are the sums over its nodes. Nodes with more than 16 GPUs get 
 
 from __future__ import annotations
 
-import dataclasses
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from dra_driver import records
 from dra_driver.allocation import fleetnodes
 from dra_driver.devices import gpusets
 
@@ -39,7 +39,7 @@ class SizeError(ValueError):
     """A claim size that is not a positive integer (names it)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class NodeFit:
     node: fleetnodes.NodeGpus
     fit: dict[int, int]
@@ -51,7 +51,7 @@ class NodeFit:
         return self.node.free.bit_count()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Fleet:
     sizes: tuple[int, ...]
     nodes: tuple[NodeFit, ...]

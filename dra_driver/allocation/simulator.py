@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from dra_driver import deviceclasses
+from dra_driver import deviceclasses, records
 from dra_driver.allocation import allocator, capacity, claim, claimgen, physical, pools
 from dra_driver.allocation.documents import CLAIM_KINDS as CLAIM_KINDS
 from dra_driver.allocation.documents import IGNORED_KINDS as IGNORED_KINDS
@@ -29,7 +29,7 @@ from dra_driver.slices import build as slices_build
 from dra_driver.slices import shares
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Inputs:
     """Everything one simulation needs."""
 
@@ -135,7 +135,7 @@ def consumed_from(docs: Iterable[Any], *, source: str) -> capacity.Ledger:
         raise SimulateError(f"{source}: {err}") from err
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Insight:
     """What ``--explain`` adds to an allocation: the optimum and, if better, another claim."""
 

@@ -19,12 +19,13 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 
+from dra_driver import records
 from dra_driver.allocation import claim, placement, pools, selection
 
 MAX_VECTORS = 10_000  # combinations of firstAvailable alternatives tried before giving up
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Plan:
     """Devices (positions, ascending) per request group, in the claim's request order."""
 

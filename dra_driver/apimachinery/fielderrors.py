@@ -9,11 +9,12 @@ and operators get messages they can search for. Pure data and formatting, no cli
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
 from collections.abc import Sequence
 from typing import Any
+
+from dra_driver import records
 
 
 class Kind(enum.StrEnum):
@@ -38,7 +39,7 @@ class Rendered(str):
     field names, e.g. ``{"IntValue":1,"BoolValue":null,...}``): shown as is, unquoted."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class FieldError:
     """One problem with one field; ``str()`` renders it like the server does."""
 

@@ -13,6 +13,8 @@ import dataclasses
 import enum
 import functools
 
+from dra_driver import records
+
 NANO_PER_UNIT = 10**9
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -53,7 +55,7 @@ _DECIMAL_SUFFIXES: dict[str, int] = {
 _BINARY_SUFFIXES: dict[str, int] = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 
 
-@dataclasses.dataclass(frozen=True, slots=True, order=False)
+@records.record
 class Quantity:
     """An exact quantity: ``nanos`` is the value times 10**9 (always an integer)."""
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from dra_driver import records
+
 _ALNUM_HYPHEN = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-")
 _DIGITS = frozenset("0123456789")
 _UINT64_MAX = 2**64 - 1
@@ -20,7 +22,7 @@ class SemverError(ValueError):
     """A string is not a valid semantic version."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Semver:
     """A parsed version; ``prerelease`` holds the dot-separated identifiers after ``-``.
 

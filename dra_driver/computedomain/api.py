@@ -17,12 +17,12 @@ does not check it).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_driver import computedomain as cd
+from dra_driver import records
 from dra_driver.kube import api
 from dra_driver.kube.objects import COMPUTE_DOMAINS, Kind
 
@@ -238,7 +238,7 @@ def register(store: Any) -> None:
 # ---- a typed view -------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class DomainNode:
     """One ``status.nodes`` entry."""
 
@@ -258,7 +258,7 @@ class DomainNode:
         }
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Domain:
     """A ComputeDomain as the controller and the node agents read it (defaults applied)."""
 

@@ -23,7 +23,6 @@ or when the nodes config changes (a container restart starts the daemon on the n
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import shutil
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import structlog
 
+from dra_driver import records
 from dra_driver.computedomain import imexconfig
 
 IMEX = "nvidia-imex"
@@ -75,7 +75,7 @@ def find_binary(name: str, *, explicit: str | None, driver_root: Path | None) ->
     return found
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Answer:
     """What one ``nvidia-imex-ctl`` call said."""
 
@@ -128,7 +128,7 @@ def describe(code: int) -> str:
     return f"exit status {code}"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Options:
     directory: Path  # the domain's IMEX directory (/imexd in the pod)
     imex: str  # the nvidia-imex executable

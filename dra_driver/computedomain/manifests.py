@@ -26,10 +26,10 @@ control and IMEX capability devices and writes root-owned ``/imexd`` and ``/var/
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from dra_driver import computedomain as cd
+from dra_driver import records
 from dra_driver.computedomain import imexdaemon
 from dra_driver.computedomain.api import Domain
 from dra_driver.kube.objects import owner_reference
@@ -50,7 +50,7 @@ IMEX_COMMAND = ("dra-driver", "imex-daemon", "--config-dir", cd.DAEMON_DIR)
 DRIVER_ROOT_MOUNT = imexdaemon.DRIVER_ROOT_MOUNT
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Settings:
     """What the daemon workload looks like (``dra-driver controller`` flags)."""
 

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dra_driver import records
 from dra_driver.driver import atomicfile
 
 PREPARING, PREPARED = "preparing", "prepared"
@@ -28,7 +29,7 @@ class CheckpointError(Exception):
     """The checkpoint file cannot be read or is not ours."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Record:
     """One claim of this driver on this node."""
 

@@ -8,13 +8,13 @@ free of the driver's wiring.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from dra_driver import computedomain as cd
+from dra_driver import records
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class ComputeDomainSettings:
     """``node_ip``: where this node's IMEX daemon listens, reported in the domains' status
     (the host IP: daemon pods use the host network). ``imex_port``: the IMEX daemons' port.

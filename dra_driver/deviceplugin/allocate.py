@@ -12,10 +12,10 @@ unhealthy one. MPS replicas add their daemon's pipe directory and limits
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Sequence
 
+from dra_driver import records
 from dra_driver.deviceplugin import cdi, inventory
 from dra_driver.deviceplugin import mps as mps_replicas
 from dra_driver.devices import health
@@ -34,14 +34,14 @@ class UnhealthyDeviceError(inventory.RequestError):
     """The kubelet asked for a device that is currently unhealthy."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class DeviceNode:
     container_path: str
     host_path: str
     permissions: str = "rw"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class ContainerEdits:
     """One container's share of an AllocateResponse."""
 

@@ -9,13 +9,12 @@ test kubelet.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from dra_driver import health_server, logs
+from dra_driver import health_server, logs, records
 from dra_driver.deviceplugin import allocate, cdi, inventory, registrar, service
 from dra_driver.deviceplugin import mps as mps_replicas
 from dra_driver.devices import control, health, model, nvml, topology
@@ -31,7 +30,7 @@ class SharingStrategy(enum.StrEnum):
     MPS = "mps"  # one MPS daemon per GPU; each replica 1/N of memory and SMs
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Config:
     """Everything ``dra-driver device-plugin`` can be told (each is a flag with an env twin)."""
 

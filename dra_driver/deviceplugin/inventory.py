@@ -13,10 +13,10 @@ modes agree on them; a MIG device whose capability minors are missing keeps a ``
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 
+from dra_driver import records
 from dra_driver.apimachinery import names
 from dra_driver.devices import model
 from dra_driver.driver import inventory as preparable
@@ -53,7 +53,7 @@ class RequestError(ValueError):
     """A kubelet request names devices or sizes this resource cannot satisfy."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Unit:
     """Something a container can be given: a whole GPU or one MIG device."""
 
@@ -70,7 +70,7 @@ class Unit:
     memory_bytes: int = 0  # for MPS replicas' memory limits
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class PluginDevice:
     """One device as the kubelet sees it."""
 
@@ -79,7 +79,7 @@ class PluginDevice:
     replica: int | None = None  # None when replicas are off
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Resource:
     """One extended resource: one socket, one registration, one ListAndWatch list."""
 

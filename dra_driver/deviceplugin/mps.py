@@ -15,20 +15,20 @@ share that the scheduler cannot see (NVIDIA's plugin refuses such requests too).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
+from dra_driver import records
 from dra_driver.deviceplugin import inventory
 from dra_driver.driver import mps, mpsclaims
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Mount:
     container_path: str
     host_path: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Edits:
     envs: dict[str, str]
     mounts: tuple[Mount, ...]

@@ -6,11 +6,11 @@ one or the fake one. Keeping this a one-method protocol lets tests hand in anyth
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from dra_driver import records
 from dra_driver.devices import model
 
 
@@ -33,7 +33,7 @@ class Backend(Protocol):
 SAMPLE_VALUES: tuple[str, ...] = ("utilization", "memory", "power", "temperature")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class GpuSample:
     """One GPU's telemetry at one sampling pass; None = NVML could not give it (see errors)."""
 

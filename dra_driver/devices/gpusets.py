@@ -32,12 +32,12 @@ allocations of such devices made by earlier versions are still prepared (:func:`
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 from array import array
 from collections.abc import Collection, Sequence
 
+from dra_driver import records
 from dra_driver.devices import model, topology
 
 MAX_GPUS = 16  # 2**16 subsets: the rank-key table stays small and quick to build
@@ -46,7 +46,7 @@ MAX_RANKS = 7  # ranked sets per size (a claim's firstAvailable holds 8 alternat
 Score = tuple[int, int, int]  # (NVLink links, same-NUMA pairs, same-PCIe-root pairs)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class GpuSet:
     """N GPUs, ``gpus`` sorted by minor, with their score."""
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol
 
-from dra_driver import logs
+from dra_driver import logs, records
 from dra_driver.devices import model
 
 HEALTHY = "Healthy"
@@ -31,7 +31,7 @@ UNHEALTHY = "Unhealthy"
 _log = logs.get("health")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Condition:
     """One reason a GPU or MIG device is unhealthy; also what its device taint says.
 
@@ -45,7 +45,7 @@ class Condition:
     message: str  # for people: the health stream's message, logs, discover
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Snapshot:
     """The unhealthy UUIDs (with a reason each) at one version; versions only grow."""
 

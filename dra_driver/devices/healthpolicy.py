@@ -21,10 +21,10 @@ module decides what that means for scheduling, in one configurable place:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Final
 
+from dra_driver import records
 from dra_driver.devices import health
 
 NO_SCHEDULE, NO_EXECUTE, NONE = "NoSchedule", "NoExecute", "None"
@@ -78,7 +78,7 @@ class PolicyError(ValueError):
     """A health setting is malformed (named in the message)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Finding:
     """One thing a detector saw, classified: the condition and how it can end.
 
@@ -98,7 +98,7 @@ class Finding:
         return self.condition.kind
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class HealthPolicy:
     """Every health setting (each one is a flag with an environment twin; docs/health.md)."""
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from dra_driver import records
 from dra_driver.devices import health, healthpolicy
 
 Clock = Callable[[], float]
@@ -46,7 +47,7 @@ class _Entry:
     ending: dict[str, str] = dataclasses.field(default_factory=dict)  # kind → why it may end
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Status:
     """One UUID's health as the tracker sees it (``discover`` and the control socket show it)."""
 

@@ -21,16 +21,15 @@ the lock; it must return at once (hand work to your own thread) and should not r
 from __future__ import annotations
 
 import collections
-import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from dra_driver import logs
+from dra_driver import logs, records
 
 _log = logs.get("holdings")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Snapshot:
     """The GPUs prepared claims hold, at one version; versions only grow."""
 

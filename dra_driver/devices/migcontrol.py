@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from dra_driver import records
 from dra_driver.devices import nvml
 
 
@@ -38,7 +38,7 @@ class GpuBusy(MigControlError):
     """The GPU runs processes, so its MIG mode cannot change now."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Placement:
     """A GPU instance to create: profile and place on its parent GPU."""
 
@@ -55,7 +55,7 @@ class Placement:
         return f"{self.profile} at memory slices {self.start}-{self.start + self.size - 1}"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Instance:
     """A GPU instance that exists, with its compute instance (if any) and MIG device UUID."""
 

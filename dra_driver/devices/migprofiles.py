@@ -9,10 +9,10 @@ the memory and compute slices of a GPU. This module is those facts and nothing e
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterable
 
+from dra_driver import records
 from dra_driver.devices import model
 
 NONE = "none"
@@ -25,7 +25,7 @@ class SelectorError(ValueError):
     (alone or after ``auto:``)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class DynamicMig:
     """Which MIG-capable GPUs are dynamic: ``none``, ``all`` or a product-name regex.
     ``auto`` (written ``auto:<all|regex>``): only where the API server keeps shared counters;
@@ -94,7 +94,7 @@ def capable(gpu: model.Gpu) -> bool:
     return any(p.placements for p in gpu.mig_profiles)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Placement:
     """One profile at one place on one GPU: what a dynamic MIG device stands for."""
 

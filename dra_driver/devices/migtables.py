@@ -16,12 +16,13 @@ constants: 1/2/3/4/7 slices at 0/1/2/3/4, the media-extension 1-slice profile at
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Final
 
+from dra_driver import records
 
-@dataclasses.dataclass(frozen=True, slots=True)
+
+@records.record
 class TableProfile:
     """One row of ``nvidia-smi mig -lgip`` plus its ``-lgipp`` placements."""
 

@@ -13,6 +13,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from dra_driver import records
+
 
 class PathType(enum.StrEnum):
     """How two GPUs reach each other, in the vocabulary of ``nvidia-smi topo -m``.
@@ -28,7 +30,7 @@ class PathType(enum.StrEnum):
     SYS = "SYS"  # across NUMA nodes (the SMP interconnect)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class FabricInfo:
     """Multi-node NVLink fabric membership (GB200-class systems), as NVML reports it."""
 
@@ -37,7 +39,7 @@ class FabricInfo:
     state: str  # "completed", "in-progress", "not-started", "not-supported"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class MigDevice:
     """One existing MIG device (a GPU instance plus its compute instance)."""
 
@@ -57,7 +59,7 @@ class MigDevice:
     ofa_engines: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class MigProfile:
     """One GPU instance profile a MIG-capable GPU offers, with every placement NVML allows.
 
@@ -80,7 +82,7 @@ class MigProfile:
     placements: tuple[tuple[int, int], ...]  # (start, size) in memory slices
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Gpu:
     """One physical GPU."""
 
@@ -122,7 +124,7 @@ class Gpu:
         return sum(self.nvlinks.values())
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class NodeDevices:
     """All GPUs of one node, plus the PCIe path between every pair (from NVML or a profile)."""
 

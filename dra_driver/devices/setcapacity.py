@@ -22,13 +22,13 @@ Free: a full GPU (not in MIG mode) neither held by a prepared claim nor unhealth
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Mapping
 
+from dra_driver import records
 from dra_driver.devices import gpusets, model, topology
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class SetCapacity:
     """One node's numbers; ``best_links``/``best_links_max`` lack sizes they cannot tell
     (more than :data:`~.gpusets.MAX_GPUS` GPUs: no ranking)."""

@@ -7,14 +7,14 @@ plugin's preferred allocation. Pure functions of :class:`~dra_driver.devices.mod
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping
 
+from dra_driver import records
 from dra_driver.devices import model
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Island:
     """A connected component of the NVLink graph (an NVSwitch system is a single island)."""
 
@@ -22,7 +22,7 @@ class Island:
     gpu_indices: tuple[int, ...]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Topology:
     """Pairwise NVLink link counts, islands and ``nvidia-smi topo -m`` path types."""
 

@@ -27,12 +27,13 @@ from typing import Any
 
 import structlog
 
+from dra_driver import records
 from dra_driver.devices import healthchecks, healthpolicy, healthtracker, model, nvml
 
 Observer = Callable[[str, str, str], None]  # (kind, xid or "", outcome)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class WatchedGpu:
     """A published GPU: its UUID and, per (GPU instance, compute instance), its MIG UUIDs."""
 

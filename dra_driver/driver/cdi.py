@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dra_driver import records
 from dra_driver.driver import atomicfile, claims, config, driverfiles, inventory
 
 CLASS = "claim"
@@ -40,7 +41,7 @@ class CdiError(claims.ClaimError):
     """A claim's spec cannot be built or written (e.g. a device node is missing)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class HostDevices:
     """How container device nodes map to the host.
 
@@ -69,7 +70,7 @@ class HostDevices:
         return {"path": path}
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Planned:
     """One device of a claim as the spec will expose it."""
 

@@ -11,14 +11,14 @@ snapshot, so a scrape holds the lock only to copy one reference.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterable, Sequence
 
+from dra_driver import records
 from dra_driver.driver import checkpoint, inventory
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class PhysicalGpu:
     """One physical GPU a prepared device uses (a MIG device: its parent GPU)."""
 
@@ -28,7 +28,7 @@ class PhysicalGpu:
     mig_uuid: str = ""  # a MIG device: its own UUID
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class ClaimInfo:
     uid: str
     namespace: str

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
+from dra_driver import records
 from dra_driver.driver import results
 
 FORMAT_VERSION: Final = 1
@@ -73,7 +74,7 @@ class RecordError(ValueError):
     """A checkpoint record that does not decode; the text names the file, field and reason."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@records.record(kw_only=True)
 class MigRecord:
     """A dynamic MIG instance of a device: recorded (without ids) *before* it is created, so
     recovery can find and destroy it whatever happened next; ids and UUID once it exists."""
@@ -99,7 +100,7 @@ class MigRecord:
         )
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@records.record(kw_only=True)
 class DeviceRecord:
     requestNames: tuple[str, ...]
     poolName: str
@@ -136,7 +137,7 @@ class DeviceRecord:
         )
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@records.record(kw_only=True)
 class ClaimRecord:
     """Everything needed to answer a repeated prepare and to undo it, for one claim.
 

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from dra_driver import records
 from dra_driver.driver import claimrecords
 
 Obj = Mapping[str, Any]
@@ -29,7 +30,7 @@ class ClaimError(Exception):
     """The claim cannot be prepared as it stands; the message names the claim and the reason."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class ClaimRef:
     """The identity kubelet sends: enough to GET the claim and to check it is still the same."""
 
@@ -41,7 +42,7 @@ class ClaimRef:
         return f"ResourceClaim {self.namespace}/{self.name} (uid {self.uid})"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class OpaqueConfig:
     """One ``opaque`` config entry of our driver from ``status.allocation.devices.config``."""
 
@@ -63,7 +64,7 @@ class OpaqueConfig:
         return f"config[{self.index}] ({self.source or 'no source'})"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class AllocatedDevice:
     """One allocation result of our driver and pool, with the configs that apply to it."""
 

@@ -41,7 +41,7 @@ from typing import Any
 import prometheus_client as prom
 import structlog
 
-from dra_driver import logs
+from dra_driver import logs, records
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import model
 from dra_driver.driver import checkpoint, claims, inventory
@@ -81,7 +81,7 @@ def field_manager(driver_name: str) -> str:
     return f"{driver_name}-kubelet-plugin"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class GpuFacts:
     uuid: str
     pci_bus_id: str

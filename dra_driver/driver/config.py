@@ -45,6 +45,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from dra_driver import records
 from dra_driver.driver import claims, nvidia_config
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def memory_limit(text: str) -> int:
     return nvidia_config.memory_limit(text)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class TimeSlicing:
     interval: Literal["Default", "Short", "Medium", "Long"] = "Default"
 
@@ -71,7 +72,7 @@ class TimeSlicing:
         return {"interval": self.interval}
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Mps:
     """Limits for the processes of a claim that uses a GPU through MPS."""
 
@@ -90,7 +91,7 @@ class Mps:
         return out
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Sharing:
     strategy: Literal["Exclusive", "TimeSlicing", "MPS"]
     time_slicing: TimeSlicing | None = None  # only with strategy TimeSlicing
@@ -105,7 +106,7 @@ class Sharing:
         return out
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class GpuConfig:
     """One decoded config entry (or the merge of several)."""
 

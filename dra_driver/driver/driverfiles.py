@@ -15,9 +15,10 @@ mounted at ``/``. Files are then searched under the mount, and the CDI spec name
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path, PurePosixPath
+
+from dra_driver import records
 
 LIBRARY_PREFIXES = (
     "libcuda.so",
@@ -51,7 +52,7 @@ MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 _MAX_LINKS = 16
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Mount:
     """A read-only bind mount of one driver file."""
 

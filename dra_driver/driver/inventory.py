@@ -24,13 +24,14 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from dra_driver import records
 from dra_driver.devices import gpusets, migcontrol, migprofiles, model
 
 MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
 _MIG_MINOR_LINE = re.compile(r"^(\S+)\s+(\d+)$")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class PreparableDevice:
     """A published device and what a container needs to use it."""
 
@@ -58,7 +59,7 @@ class PreparableDevice:
         return tuple(f"gpu-{minor}" for minor in self.gpu_minors)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Inventory:
     devices: Mapping[str, PreparableDevice]
     settable: frozenset[str] = frozenset()  # full GPUs (not in MIG mode, or dynamic): set members

@@ -27,13 +27,13 @@ MPS (and plans a claim's devices: :func:`~dra_driver.driver.lazymps.plan_claim`)
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final, Literal
 
 import structlog
 
+from dra_driver import records
 from dra_driver.devices import model
 from dra_driver.driver import checkpoint, claims, config, inventory, mps
 from dra_driver.slices import shares
@@ -48,7 +48,7 @@ class MpsClaimError(claims.ClaimError):
     """A claim's MPS use cannot be prepared as asked (names the claim and device)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Need:
     """One device of a claim that runs through an MPS control daemon."""
 

@@ -27,13 +27,13 @@ when the Node goes, never when an agent Pod or the DaemonSet is replaced (docs/s
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from dra_driver import records
 from dra_driver.driver import cdi, mpsprocess
 from dra_driver.driver.mpsrecords import DaemonDevice, Dirs
 
@@ -65,7 +65,7 @@ FATAL_WAITING: Final = frozenset(
 _LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class PodTemplate:
     """What every daemon Pod of this agent shares."""
 
@@ -222,7 +222,7 @@ def daemon_of(pod: Obj) -> str:
     return str(((pod.get("metadata") or {}).get("annotations") or {}).get(DAEMON_ANNOTATION, ""))
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class PodState:
     """What a daemon Pod's status says: ``ready`` (the probe passes), ``ended`` (phase Failed or
     Succeeded), ``deleting`` (a deletionTimestamp), ``problem`` (a waiting reason that will not

@@ -17,7 +17,6 @@ once it exists). Records are never fsynced: they mean nothing after a reboot (bo
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -29,6 +28,7 @@ from typing import Final, Literal
 
 import pydantic
 
+from dra_driver import records
 from dra_driver.driver import atomicfile, claims
 
 RECORD_KIND: Final = "MpsDaemon"
@@ -61,7 +61,7 @@ class DaemonRecord(pydantic.BaseModel):
     podUid: str | None = None  # ... and its UID once it exists
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Dirs:
     root: Path
     pipe: Path

@@ -18,16 +18,16 @@ exactly or a crash left it unrecorded.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Literal, Protocol
 
+from dra_driver import records
 from dra_driver.driver.mpsrecords import DaemonDevice, DaemonRecord, Dirs
 
 Reason = Literal["exited", "deleted"]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Launch:
     """One daemon to start: its id, the devices it serves and its directories."""
 
@@ -36,7 +36,7 @@ class Launch:
     dirs: Dirs
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Liveness:
     """Whether a recorded daemon runs: ``alive`` None when the runner cannot tell right now
     (the API server is unreachable); ``reason`` why it does not (``exited``, ``deleted``) and
@@ -47,7 +47,7 @@ class Liveness:
     detail: str = ""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Stray:
     """A daemon that runs although no record names it (found by its runner)."""
 

@@ -10,10 +10,10 @@ against handing one GPU to two claims.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 
+from dra_driver import records
 from dra_driver.driver import claims
 
 
@@ -50,7 +50,7 @@ class ClaimLocks:
             return uid in self._locks
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class _Use:
     uid: str
     admin: bool

@@ -7,10 +7,10 @@ or an error string for that claim alone.
 
 from __future__ import annotations
 
-import dataclasses
+from dra_driver import records
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class PreparedDevice:
     request_names: tuple[str, ...]  # main request names only (no "/subrequest")
     pool_name: str
@@ -19,7 +19,7 @@ class PreparedDevice:
     share_id: str | None = None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class PrepareResult:
     """One claim's answer: ``error`` non-empty means it failed and ``devices`` is empty."""
 

@@ -31,13 +31,13 @@ recovery can restore GPUs a dead process had changed (:meth:`GpuSharing.recover`
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Collection, Mapping, Sequence
 from typing import Final, Protocol
 
 import structlog
 
+from dra_driver import records
 from dra_driver.devices import control
 from dra_driver.driver import cdi, checkpoint, claims, config, inventory
 
@@ -50,7 +50,7 @@ class SharingError(claims.ClaimError):
     """A claim's sharing setting cannot be applied (or a GPU cannot be put back)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Target:
     """One full GPU of a claim that is to be time-sliced."""
 

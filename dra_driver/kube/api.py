@@ -8,9 +8,10 @@ core never imports the ``kubernetes`` client. Two implementations: the real adap
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from typing import Any, Literal, Protocol
+
+from dra_driver import records
 
 Obj = dict[str, Any]
 
@@ -51,7 +52,7 @@ class Invalid(ApiError):
         return False
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class WatchEvent:
     type: Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]
     object: Obj

@@ -27,6 +27,7 @@ import dataclasses
 import re
 from typing import Any, Protocol
 
+from dra_driver import records
 from dra_driver.kube import api
 
 Obj = dict[str, Any]
@@ -83,7 +84,7 @@ class ProbeError(Exception):
         self.reason = reason
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Features:
     """What one API server serves and keeps. A feature is True when the server kept its
     fields, False when it dropped them (its gate is off), None when not probed (``not_probed``
@@ -102,7 +103,7 @@ class Features:
         return VERSION in self.served_versions
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Access:
     """The verbs the credentials may and may not use on one resource."""
 
@@ -111,7 +112,7 @@ class Access:
     denied: tuple[str, ...]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Rbac:
     """Access per resource the agent needs, or ``unknown`` saying why the server did not tell."""
 

@@ -9,10 +9,11 @@ connection may be reused, and every way a reply can be cut short or garbled, eac
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 from collections.abc import Iterator, Mapping
 from typing import BinaryIO
+
+from dra_driver import records
 
 MAX_LINE = 65536
 MAX_HEADERS = 200
@@ -27,7 +28,7 @@ class TransportError(Exception):
         self.timed_out = timed_out
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Response:
     status: int
     headers: Mapping[str, str]  # lower-case names

@@ -13,15 +13,15 @@ the kinds (:class:`Kind`) and the verbs (:class:`ObjectApi`) once. The real impl
 
 from __future__ import annotations
 
-import dataclasses
 import urllib.parse
 from collections.abc import Iterator
 from typing import Protocol
 
+from dra_driver import records
 from dra_driver.kube.api import Obj, WatchEvent
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Kind:
     """An API resource: ``group`` ("" for the core group), ``version``, ``plural`` (the
     resource name in paths), ``kind``, and whether it is namespaced and has a status

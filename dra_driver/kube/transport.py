@@ -25,7 +25,6 @@ library (:func:`from_configuration` returns None when a proxy is configured).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import socket
 import ssl
@@ -36,7 +35,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from dra_driver import __version__
+from dra_driver import __version__, records
 from dra_driver.kube.http1 import Response as Response
 from dra_driver.kube.http1 import TransportError as TransportError
 from dra_driver.kube.http1 import describe as _describe
@@ -48,7 +47,7 @@ CONNECT_ATTEMPTS = 3  # like the library's urllib3.Retry(connect=2)
 READ_BUFFER = 16384
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Endpoint:
     """Where the API server is and how to reach it."""
 

@@ -10,7 +10,6 @@ kubelet's reason; the kubelet retries on its own. ``on_status`` hands each verdi
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import grpc
 import structlog
 
+from dra_driver import records
 from dra_driver.pb.pluginregistration.v1 import registration_pb2, registration_pb2_grpc
 
 PLUGIN_TYPE = "DRAPlugin"
@@ -26,7 +26,7 @@ DRA_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 ALL_VERSIONS = (*DRA_VERSIONS, "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Status:
     """The kubelet's last word on our registration."""
 

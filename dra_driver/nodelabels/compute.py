@@ -20,10 +20,10 @@ Every key is under ``nvidia.com/`` and every value passes the API server's label
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Container, Iterable
 
+from dra_driver import records
 from dra_driver.devices import model
 from dra_driver.nodelabels import values
 
@@ -37,7 +37,7 @@ class LabelError(ValueError):
     """The settings cannot describe a node (unknown MIG strategy, replicas out of range)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Settings:
     """How the node's GPUs are offered: what GFD reads from the device plugin's config.
 
@@ -65,7 +65,7 @@ class Settings:
         return "time-slicing" if self.shared else "none"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class LabelSet:
     """The labels, plus what an operator should know about how they were chosen."""
 

@@ -18,13 +18,13 @@ own (:mod:`dra_driver.slices.migslices`); nothing else uses shared counters.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import json
 import threading
 from collections.abc import Callable, Collection
 from typing import Any
 
+from dra_driver import records
 from dra_driver.apimachinery import semver
 from dra_driver.devices import migprofiles, model, topology
 from dra_driver.slices import gpusets, migslices, shares, validate
@@ -44,7 +44,7 @@ class BuildError(ValueError):
     """The node or driver name cannot make a valid ResourceSlice at all."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Build:
     """The desired slices of one node, and what had to be left out (one line per problem)."""
 

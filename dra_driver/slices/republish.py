@@ -31,7 +31,6 @@ held): a fraction of a millisecond on 8 GPUs.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
@@ -40,6 +39,7 @@ from typing import Any, Protocol
 import structlog
 
 from dra_driver import metrics as metrics_mod
+from dra_driver import records
 from dra_driver.devices import health, holdings, migprofiles, model, setcapacity
 from dra_driver.slices import build, serverfeatures, shares, taints
 
@@ -56,7 +56,7 @@ class Desired(Protocol):
     def stop(self) -> None: ...
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Inputs:
     """What the desired slices are built from besides the hardware."""
 

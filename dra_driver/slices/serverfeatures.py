@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import structlog
 
 from dra_driver import metrics as metrics_mod
+from dra_driver import records
 from dra_driver.devices import migprofiles, model
 from dra_driver.slices import migslices, shares
 
@@ -73,7 +74,7 @@ class Found(Protocol):
     def consumable_capacity(self) -> bool | None: ...
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Kept:
     """Which gated fields the server keeps; ``probed`` false: assumed (never learnt)."""
 

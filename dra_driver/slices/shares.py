@@ -22,11 +22,11 @@ shareable (their capacities are a fixed partition already; use MPS through opaqu
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from dra_driver import records
 from dra_driver.apimachinery import quantity
 from dra_driver.devices import model
 
@@ -45,7 +45,7 @@ class ShareableError(ValueError):
 AUTO_PREFIX = "auto:"  # ``auto:<selection>``: on where the API server keeps the fields, else off
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Shareable:
     """Which GPUs to publish as shareable: none, all, or those whose product name matches.
     ``auto`` (written ``auto:<all|regex>``): only where the API server keeps consumable
@@ -123,7 +123,7 @@ def capacity(memory_bytes: int, *, memory_text: str) -> dict[str, Any] | None:
     }
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Share:
     """What one allocation result consumes of a shared GPU."""
 

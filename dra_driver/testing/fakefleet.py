@@ -10,11 +10,11 @@ writes it. Seeded: the same arguments give the same fleet.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Sequence
 from typing import Any
 
+from dra_driver import records
 from dra_driver.allocation import claimgen
 from dra_driver.devices import fake, model
 from dra_driver.slices import build
@@ -23,7 +23,7 @@ DRIVER = build.DEFAULT_DRIVER_NAME
 Obj = dict[str, Any]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Fleet:
     slices: list[Obj]
     claims: list[Obj]

@@ -21,9 +21,9 @@ the caller-allocated arrays of ``nvmlDeviceGetGpuInstances`` as real ones do.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dra_driver import records
 from dra_driver.devices import migtables, nvml
 from dra_driver.devices.fake import migstate, profiles
 
@@ -38,7 +38,7 @@ class DeviceHandle(Protocol):
     def pos(self) -> int: ...
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class MigHandle:
     """A MIG device handle: a compute instance of a GPU instance (``slot``: its MIG index)."""
 

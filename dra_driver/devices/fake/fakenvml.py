@@ -14,12 +14,12 @@ Run-time GPU failures (NVML events, lost GPUs, ...) are the mixin :mod:`.fakefau
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import uuid as uuidlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dra_driver import records
 from dra_driver.devices import nvml
 from dra_driver.devices.fake import fakefaults, fakemig, fakemigdev, profiles
 
@@ -28,7 +28,7 @@ _UNKNOWN_ARCH = 0xFFFFFFFF
 _NO_TELEMETRY = profiles.Telemetry()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class _Device:
     index: int
     pos: int

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal
 
+from dra_driver import records
 from dra_driver.devices import migtables, nvml
 from dra_driver.devices.fake import profiles, strict
 
@@ -186,7 +187,7 @@ class MigState:
 # ---- the state a fake profile starts with -------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Initial:
     """Per GPU position: its profile table (None: not MIG-capable; empty: capable, profiles
     unknown) and whether the table was made up from listed instances; by GPU UUID: the MIG state

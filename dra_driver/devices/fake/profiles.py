@@ -10,7 +10,6 @@ of pydantic, as an agent on real GPUs has none).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import uuid as uuidlib
@@ -18,6 +17,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from dra_driver import records
 from dra_driver.devices import backend, migtables
 from dra_driver.devices.fake import strict
 from dra_driver.devices.fake.strict import rules
@@ -43,14 +43,14 @@ def parse_bytes(value: object) -> int:
 Bytes = Annotated[int, strict.Parser(parse_bytes)]
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@records.record(kw_only=True)
 class Fabric:
     cluster_uuid: str = field(metadata=rules(alias="clusterUUID"))
     clique_id: int = field(metadata=rules(alias="cliqueId", ge=0))
     state: str = "completed"
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@records.record(kw_only=True)
 class MigSpec:
     """One MIG device (GPU instance + compute instance) on a GPU in MIG mode."""
 
@@ -70,7 +70,7 @@ class MigSpec:
 TelemetryValue = Literal["utilization", "memory", "power", "temperature"]
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@records.record(kw_only=True)
 class Telemetry:
     """What the fake NVML reports as a GPU's telemetry; unset values are derived from the GPU's
     index (deterministic). ``notSupported``: values NVML refuses for it (NotSupported)."""
@@ -89,7 +89,7 @@ class Telemetry:
     )
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@records.record(kw_only=True)
 class GpuDefaults:
     """Fields shared by all GPUs of a profile unless a GPU overrides them."""
 
@@ -110,7 +110,7 @@ class GpuDefaults:
     telemetry: Telemetry | None = None
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@records.record(kw_only=True)
 class GpuSpec(GpuDefaults):
     """One GPU. Index defaults to its position in the list, minor to its index."""
 
@@ -130,13 +130,13 @@ class GpuSpec(GpuDefaults):
     mig: list[MigSpec] | None = None  # present (even empty) = MIG mode on, with these instances
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@records.record(kw_only=True)
 class NvlinkPair:
     gpus: tuple[int, int]
     links: int = field(metadata=rules(ge=1))
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@records.record(kw_only=True)
 class Nvlink:
     """Exactly one of: ``switched`` (links per GPU into NVSwitches), ``matrix``, ``pairs``."""
 
@@ -150,7 +150,7 @@ class Nvlink:
             raise ValueError(f"give exactly one of switched, matrix, pairs (got {given or 'none'})")
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@records.record(kw_only=True)
 class Profile:
     """A whole node: driver versions, per-GPU facts and the NVLink wiring."""
 

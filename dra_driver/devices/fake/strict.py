@@ -25,11 +25,13 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from dra_driver import records
+
 T = TypeVar("T")
 _NO_DEFAULT: Any = dataclasses.MISSING
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Parser:
     """An ``Annotated`` marker: the raw value goes through ``parse`` (its ValueError is the
     reason given) instead of the type's own check."""
@@ -103,7 +105,7 @@ class _Bad:
 _BAD = _Bad()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class _Spec:
     name: str
     key: str  # the alias, or the name

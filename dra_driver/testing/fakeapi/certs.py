@@ -11,7 +11,6 @@ Needs the ``cryptography`` package (a development dependency); imported only by 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import ipaddress
 import ssl
@@ -23,10 +22,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from dra_driver import records
+
 KEY_BITS = 2048
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Bundle:
     """PEM bytes of a CA, a server certificate and key, and a client certificate and key."""
 

@@ -17,10 +17,10 @@ Test kit: nothing in the driver imports this module.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from dra_driver import records
 from dra_driver.kube import api
 
 GROUP = "resource.k8s.io"
@@ -29,7 +29,7 @@ KNOWN_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
 REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class Served:
     """What one fake server serves of ``resource.k8s.io``, and the access it denies."""
 

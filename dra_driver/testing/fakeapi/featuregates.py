@@ -22,14 +22,15 @@ Test kit: nothing in the driver imports this module.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+from dra_driver import records
 
 Obj = dict[str, Any]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@records.record
 class SliceRule:
     """The ResourceSlice fields one upstream ``dropDisabled...Fields`` function removes, and
     the gates of which any one being off makes it remove them."""
