@@ -3,8 +3,8 @@
 Why it exists: issue 38 holds each agent to the Go helper's footprint. This prints, step by step
 in fresh processes, the RSS of the interpreter alone, then with each dependency the agent cannot
 do without (gRPC with the kubelet's two servers, TLS, protobuf, structlog, prometheus-client,
-PyYAML for kubeconfigs and profiles, pynvml), so the agent's own share (``benchmarks/fleet.py``)
-can be read against that floor (docs/fleet.md).
+pynvml; not PyYAML, which an agent with an in-cluster or JSON configuration never loads), so the
+agent's own share (``benchmarks/fleet.py``) can be read against that floor (docs/fleet.md).
 
 Run: ``python benchmarks/agent_floor.py [--python PATH] [--optimize 0|2]`` (e.g. a venv with the
 runtime dependencies only, as the container image has; ``PYTHONOPTIMIZE=2`` by default, as the
@@ -24,7 +24,6 @@ STEPS = [
     ("+ protobuf", "google.protobuf.message"),
     ("+ structlog", "structlog"),
     ("+ prometheus_client", "prometheus_client"),
-    ("+ yaml", "yaml"),
     ("+ pynvml", "pynvml"),
 ]
 
