@@ -68,6 +68,15 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ],
         ["tests/apimachinery/test_schema.py", "tests/slices/test_validate.py", "tests/fakeapi"],
     ),
+    "footprint": (
+        # What keeps an agent light (docs/fleet.md): the shared frozen methods, the JSON path.
+        ["dra_driver/records.py", "dra_driver/kube/kubeconfig.py"],
+        [
+            "tests/test_records.py",
+            "tests/kube/test_kubeconfig.py",
+            "tests/kube/test_client_config.py",
+        ],
+    ),
     "deviceplugin": (
         # kubeletsim is a kubelet stand-in for tests and the fault suite, not product code.
         [f"dra_driver/deviceplugin/{m}.py" for m in DEVICEPLUGIN_MODULES],
@@ -144,6 +153,8 @@ def workspace(group: str, *, keep_results: bool = False) -> Path:
             shutil.copytree(REPO / extra, root / extra)
         else:
             shutil.copy2(REPO / extra, root / extra)
+        # mutmut copies these into mutants/ without making their folders (mutmut 3.x)
+        (root / "mutants" / extra).parent.mkdir(parents=True, exist_ok=True)
     # pytest settings without the project's [tool.*] sections, so mutmut reads setup.cfg.
     (root / "pyproject.toml").write_text(
         '[tool.pytest.ini_options]\ntestpaths = ["tests"]\naddopts = "-p no:cacheprovider"\n'
