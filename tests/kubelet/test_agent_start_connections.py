@@ -41,7 +41,15 @@ def test_an_agent_opens_its_warm_connections_at_start_and_no_more(
             what="the first publish",
             timeout_s=60,
         )
-        time.sleep(1.0)  # the pool's start-up fill runs in the background: long done by now
+        # The pool's start-up fill runs in the background, one connection after the other: on a
+        # busy 2-core machine it may still be at it after the first publish. Wait until it has
+        # opened the fewest it must, then give it time to open more than it should.
+        polling.wait_for(
+            lambda: apiserver.stats()["connections"] >= fewest,
+            what=f"{fewest} connections",
+            timeout_s=30,
+        )
+        time.sleep(1.0)
         opened = apiserver.stats()["connections"]
         assert fewest <= opened <= most, f"{opened} connections at start (warm: {warm or 1})"
     finally:
