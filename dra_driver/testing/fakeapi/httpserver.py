@@ -25,6 +25,10 @@ class Server(http.server.ThreadingHTTPServer):
     """A threading HTTP server that tracks its connections, serves TLS and closes idle ones."""
 
     daemon_threads = True
+    # kube-apiserver (Go's net.Listen) listens with the kernel's somaxconn backlog: socketserver's
+    # default of 5 would drop the SYNs of a burst of connections (each then waits 1 s for the
+    # client's retransmit), a delay the real server does not have.
+    request_queue_size = 4096
     api: memory.InMemoryApi  # what the handler serves
     token: str | None  # the bearer token the handler requires, if any
     served: discovery.Served  # resource.k8s.io versions served, access reviews denied
