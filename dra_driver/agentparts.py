@@ -279,7 +279,7 @@ def start_node_labels(
     *,
     devices: model.NodeDevices,
     api: kube.KubeApi,
-    source: health.HealthSource,
+    source: health.HealthBoard,
     log: structlog.typing.FilteringBoundLogger,
 ) -> Stoppable | None:
     """Keep this node's GPU labels on its Node (unless ``settings.node_labels`` is off)."""

@@ -225,7 +225,7 @@ def start_node_labels(
     *,
     config: app.Config,
     devices: model.NodeDevices,
-    source: health.HealthSource,
+    source: health.HealthBoard,
 ) -> _Labels | None:
     """Keep the Node's GPU labels when ``--node-labels`` is on and ``--node-name`` is given."""
     if not args.node_labels:

@@ -4,53 +4,53 @@ Why it exists: both agents (the DRA kubelet plugin and the legacy device plugin)
 Node the same way; only the settings differ (the device plugin's MIG strategy and time-slicing
 replicas; the DRA agent's defaults). :func:`start` wires the pure computation, the health source
 both agents already feed (:class:`~dra_driver.devices.health.HealthBoard`) and the
-:class:`~dra_driver.nodelabels.reconcile.NodeLabeler`, and returns one handle to stop them.
+:class:`~dra_driver.nodelabels.reconcile.NodeLabeler` (a health change triggers it through
+the board's change callback), and returns one handle to stop them.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from dra_driver.devices import health, model
 from dra_driver.kube import api
 from dra_driver.nodelabels import compute, reconcile
 
-HEALTH_POLL_S = 1.0  # longest wait for a health change before checking for stop
+
+class Followed(health.HealthSource, Protocol):
+    """A health source that calls back on change (a :class:`~.health.HealthBoard`)."""
+
+    def subscribe(self, callback: Callable[[health.Snapshot], None]) -> Callable[[], None]: ...
 
 
 class Running:
-    """A started labeler plus the thread that triggers it on health changes."""
+    """A started labeler, triggered by the health source's change callback (no thread of its
+    own: nothing wakes while health stays the same, and stopping waits for nothing)."""
 
     def __init__(
-        self, labeler: reconcile.NodeLabeler, source: health.HealthSource, log: reconcile.Log
+        self, labeler: reconcile.NodeLabeler, source: Followed, log: reconcile.Log
     ) -> None:
         self.labeler = labeler
         self._source = source
         self._log = log
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._follow, name="node-labels-health", daemon=True)
+        self._unsubscribe: Callable[[], None] | None = None
 
     def start(self) -> Running:
         self.labeler.start()
-        self._thread.start()
+        self._unsubscribe = self._source.subscribe(self._changed)
         return self
 
     def stop(self) -> None:
-        self._stop.set()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
         self.labeler.stop()
-        self._thread.join(HEALTH_POLL_S * 2)
 
-    def _follow(self) -> None:
-        version = self._source.snapshot().version
-        while not self._stop.is_set():
-            snap = self._source.wait_changed(version, timeout=HEALTH_POLL_S)
-            if snap.version != version:
-                version = snap.version
-                self._log.info("device health changed; re-checking node labels")
-                self.labeler.trigger()
-            elif getattr(self._source, "closed", False):
-                return  # a closed board answers at once from now on: nothing more to follow
+    def _changed(self, snap: health.Snapshot) -> None:
+        """On the thread that changed health: hand the work to the labeler's thread."""
+        self._log.info("device health changed; re-checking node labels")
+        self.labeler.trigger()
 
 
 def desired_labels(
@@ -70,7 +70,7 @@ def start(
     node_name: str,
     devices: model.NodeDevices,
     settings: compute.Settings,
-    source: health.HealthSource,
+    source: Followed,
     log: reconcile.Log,
     resync_s: float = 60.0,
     on_pass: Callable[[reconcile.Outcome | None], None] | None = None,

@@ -4,6 +4,7 @@ state, foreign labels untouched, our labels restored after someone deletes them.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -251,7 +252,7 @@ def test_agent_follows_health_and_resyncs(mem: memory.InMemoryApi, running: list
     assert patches(mem) == 4
 
 
-def test_stop_ends_both_threads(mem: memory.InMemoryApi) -> None:
+def test_stop_is_prompt_ends_the_thread_and_unsubscribes(mem: memory.InMemoryApi) -> None:
     board = health.HealthBoard()
     handle = agent.start(
         kube=mem,
@@ -261,8 +262,15 @@ def test_stop_ends_both_threads(mem: memory.InMemoryApi) -> None:
         source=board,
         log=logs.get("test"),
     )
+    assert len(board._subscribers) == 1
+    started = time.monotonic()
     handle.stop()
+    assert time.monotonic() - started < 0.5  # nothing waits out a poll period
     assert not any(t.name.startswith("node-labels") for t in threading.enumerate())
+    assert board._subscribers == []
+    with capture_logs() as logged:
+        board.mark_unhealthy(builtin("pcie-l4").gpus[0].uuid, "XID 79")
+    assert logged == []  # a stopped labeler hears of no change
 
 
 def test_warnings_about_the_choice_are_logged_once(mem: memory.InMemoryApi) -> None:
