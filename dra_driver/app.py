@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from dra_driver import gpumetrics, health_server, logs, nodehealth
+from dra_driver import gpumetrics, health_server, logs, nodehealth, shutdown
 from dra_driver import metrics as metrics_mod
 from dra_driver.agentparts import (
     StartupError,
@@ -88,6 +88,7 @@ def run(
     health_source: health.HealthBoard | None = None,
     probe: Callable[[], serverfeatures.Found] | None = None,
     server_version: Callable[[], str] | None = None,
+    stopper: shutdown.Stopper | None = None,
 ) -> int:
     """Run the node agent until ``stop`` is set; returns the exit code.
 
@@ -258,32 +259,36 @@ def run(
         stop.wait()
         log.info("shutting down")
     finally:
-        if compute_domains is not None:
-            compute_domains.stop()
-        reg.stop(grace_s=1.0)
-        if allocations is not None:
-            allocations.stop()
-        if slice_publisher is not None:
-            slice_publisher.stop()
-        if node_labels is not None:
-            node_labels.stop()
-        cleanup.stop()
-        if supervisor is not None:
-            supervisor.stop()
-        node_health.stop()
-        gpu_metrics.stop()
-        streams.stop()
-        dra.stop(grace_s=5.0)
-        driver.close()
+        (stopper or shutdown.Stopper(log=log, deadline_s=0)).run(
+            [
+                ("compute-domains", compute_domains.stop if compute_domains is not None else None),
+                ("registration", lambda: reg.stop(grace_s=1.0)),
+                ("allocation-watch", allocations.stop if allocations is not None else None),
+                ("slice-publisher", slice_publisher.stop if slice_publisher is not None else None),
+                ("node-labels", node_labels.stop if node_labels is not None else None),
+                ("cleanup", cleanup.stop),
+                ("mps-supervisor", supervisor.stop if supervisor is not None else None),
+                ("node-health", node_health.stop),
+                ("gpu-metrics", gpu_metrics.stop),
+                ("health-streams", streams.stop),
+                ("dra-service", lambda: dra.stop(grace_s=5.0)),
+                ("driver", driver.close),
+            ]
+        )
     log.info("stopped")
     return 0
 
 
-def install_signal_handlers(stop: threading.Event) -> None:
-    """SIGTERM / SIGINT → orderly shutdown (call from the main thread)."""
+def install_signal_handlers(
+    stop: threading.Event, on_signal: Callable[[], None] | None = None
+) -> None:
+    """SIGTERM / SIGINT → orderly shutdown (call from the main thread); ``on_signal`` (e.g.
+    :meth:`dra_driver.shutdown.Stopper.arm`) runs at each signal."""
 
     def handler(signum: int, frame: Any) -> None:
         stop.set()
+        if on_signal is not None:
+            on_signal()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)

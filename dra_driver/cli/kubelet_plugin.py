@@ -13,7 +13,7 @@ import argparse
 import threading
 from pathlib import Path
 
-from dra_driver import app, cli, health_server, logs, metrics
+from dra_driver import app, cli, health_server, logs, metrics, shutdown
 from dra_driver.cli import cdflags, common, healthflags, labelflags, mpsflags
 from dra_driver.devices import backend
 from dra_driver.driver import checkpoint
@@ -115,6 +115,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="how long publishing ResourceSlices may fail (API server unreachable, writes "
         "refused) before /readyz turns 503; the next success turns it 200 again "
         "(env PUBLISH_GRACE; default 60)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=_seconds,
+        default=env_default("SHUTDOWN_TIMEOUT", "25"),
+        metavar="SECONDS",
+        help="after SIGTERM, exit at the latest this long after it even if a part has not "
+        "stopped, logging the part and every thread's stack; keep it under the pod's "
+        "terminationGracePeriodSeconds (env SHUTDOWN_TIMEOUT; default 25; 0 = no limit)",
     )
     # Test seam, not for operators.
     parser.add_argument("--boot-id-file", type=Path, default=None, help=argparse.SUPPRESS)
@@ -243,7 +252,8 @@ def run(args: argparse.Namespace) -> int:
         api.close()
         return common.fail(str(exc), code=1)
     stop = threading.Event()
-    app.install_signal_handlers(stop)
+    stopper = shutdown.Stopper(log=log, deadline_s=args.shutdown_timeout)
+    app.install_signal_handlers(stop, on_signal=stopper.arm)
     try:
         return app.run(
             settings,
@@ -255,9 +265,10 @@ def run(args: argparse.Namespace) -> int:
             readiness=readiness,
             probe=lambda: features.probe(api, settings.node_name, settings.driver_name),
             server_version=lambda: str(api.get_version().get("gitVersion") or ""),
+            stopper=stopper,
         )
     except (app.StartupError, server.SocketError) as exc:
         return common.fail(str(exc), code=1)
     finally:
-        http.stop()
-        api.close()
+        stopper.run([("http", http.stop), ("api-client", api.close)])
+        stopper.disarm()

@@ -223,11 +223,18 @@ class Cluster:
             node.kubelet.close()
             if node.plugin.proc is not None and node.plugin.proc.poll() is None:
                 node.plugin.signal(signal.SIGTERM)
-                try:
-                    node.plugin.wait(20)
+                try:  # the agent's own shutdown deadline (--shutdown-timeout) is 25 s
+                    code = node.plugin.wait(30)
                 except subprocess.TimeoutExpired:
                     node.plugin.kill()
                     problems.append(f"the agent of {node.name} did not stop on SIGTERM")
+                    continue
+                if code != 0:
+                    stuck = node.plugin.stuck_at_stop()
+                    problems.append(
+                        f"the agent of {node.name} exited {code} on SIGTERM"
+                        + (f": {stuck}" if stuck else "")
+                    )
         self.server.stop()
         return problems
 

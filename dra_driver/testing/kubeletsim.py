@@ -288,3 +288,34 @@ class PluginProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stuck_at_stop(self) -> str:
+        """What the agent's shutdown deadline logged (:mod:`dra_driver.shutdown`), on one line:
+        the part it was stopping and the main thread's innermost frames; "" if it did not fire."""
+        return describe_stuck_stop(self.log())
+
+
+def describe_stuck_stop(log: str, frames: int = 8) -> str:
+    """The shutdown-deadline report in an agent's ``log`` (JSON lines, then faulthandler's
+    dump of every thread), in one line: the part being stopped and, of the thread that was
+    stopping it (the one that ran ``dra_driver``'s ``__main__``), the frame it waits in and
+    our frames around it, innermost first."""
+    lines = log.splitlines()
+    at = next((i for i, line in enumerate(lines) if "shutdown did not finish" in line), None)
+    if at is None:
+        return ""
+    try:
+        part = json.loads(lines[at]).get("stopping")
+    except ValueError:
+        part = None
+    blocks: list[list[str]] = [[]]
+    for line in lines[at + 1 :]:
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append([])
+        elif line.startswith('  File "'):
+            blocks[-1].append(line.strip())
+    main = next((b for b in blocks if any("__main__" in frame for frame in b)), [])
+    ours = [frame for frame in main[1:] if "/dra_driver/" in frame]
+    shown = main[:1] + ours[: frames - 1]  # where it waits, then our frames around it
+    stack = " < ".join(frame.removeprefix("File ") for frame in shown)
+    return f"stuck stopping {part or '?'}; main thread: {stack or '?'}"

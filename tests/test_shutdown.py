@@ -1,0 +1,138 @@
+"""The agent's stop steps and their deadline (dra_driver/shutdown.py), with real threads and a
+real file for the stack dump; the process exit is the one thing replaced (by a recorder)."""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+from typing import Any
+
+import structlog
+from structlog.testing import capture_logs
+
+from dra_driver import shutdown
+
+
+class Exits:
+    """Records the exit codes asked for, and wakes whoever waits for the first."""
+
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+        self.asked = threading.Event()
+
+    def __call__(self, code: int) -> None:
+        self.codes.append(code)
+        self.asked.set()
+
+
+def _stopper(deadline_s: float, exits: Exits | None = None, **kw: Any) -> shutdown.Stopper:
+    return shutdown.Stopper(
+        log=structlog.get_logger("test"), deadline_s=deadline_s, exit_=exits or Exits(), **kw
+    )
+
+
+def test_every_step_runs_in_order_even_after_one_fails() -> None:
+    ran: list[str] = []
+
+    def broken() -> None:
+        ran.append("b")
+        raise RuntimeError("socket already gone")
+
+    with capture_logs() as logs:
+        stopper = _stopper(0)
+        stopper.run(
+            [
+                ("a", lambda: ran.append("a")),
+                ("b", broken),
+                ("off", None),
+                ("c", lambda: ran.append("c")),
+            ]
+        )
+    assert ran == ["a", "b", "c"]
+    assert list(stopper.durations) == ["a", "b", "c"]  # a part not running is not a step
+    failed = [x for x in logs if x["log_level"] == "error"]
+    assert [(x["event"], x["part"]) for x in failed] == [
+        ("cannot stop a part cleanly; stopping the others", "b")
+    ]
+    assert stopper.current == ""
+    with capture_logs() as logs:
+        stopper.run([("http", lambda: None)])  # the CLI's own steps, after the agent's
+    assert [list(x["seconds"]) for x in logs if x["event"] == "parts stopped"] == [["http"]]
+
+
+def test_a_slow_step_is_logged_with_its_time_and_a_quick_one_is_not() -> None:
+    ticks = iter([0.0, 0.2, 10.0, 12.5])
+    with capture_logs() as logs:
+        stopper = _stopper(0, clock=lambda: next(ticks))
+        stopper.run([("quick", lambda: None), ("publisher", lambda: None)])
+    assert [(x["event"], x.get("part"), x["seconds"]) for x in logs] == [
+        ("slow to stop", "publisher", 2.5),
+        ("parts stopped", None, {"quick": 0.2, "publisher": 2.5}),
+    ]
+    assert stopper.durations == {"quick": 0.2, "publisher": 2.5}
+
+
+def test_the_deadline_exits_naming_the_stuck_step_and_dumping_every_stack(tmp_path: Path) -> None:
+    exits = Exits()
+    release = threading.Event()
+
+    def wait_for_a_peer_that_never_answers() -> None:
+        release.wait(10)
+
+    dump = (tmp_path / "stderr").open("w+")
+    with capture_logs() as logs:
+        stopper = _stopper(0.2, exits, stream=dump)
+        stopper.arm()
+        done = threading.Thread(
+            target=stopper.run,
+            args=(
+                [
+                    ("registration", lambda: None),
+                    ("slice-publisher", wait_for_a_peer_that_never_answers),
+                ],
+            ),
+        )
+        done.start()
+        assert exits.asked.wait(5)
+        release.set()  # the recorder does not end the process: let the step end
+        done.join(5)
+    assert exits.codes == [shutdown.DEADLINE_EXIT_CODE]
+    errors = [x for x in logs if x["log_level"] == "error"]
+    assert len(errors) == 1
+    assert errors[0]["event"].startswith("shutdown did not finish in time")
+    assert errors[0]["stopping"] == "slice-publisher"
+    assert errors[0]["deadline_s"] == 0.2
+    assert done.name in errors[0]["threads"]
+    dump.seek(0)
+    text = dump.read()
+    assert "in wait_for_a_peer_that_never_answers" in text  # the stuck thread's stack
+    assert text.count("Thread 0x") >= 1 and "Current thread 0x" in text
+
+
+def test_armed_twice_the_deadline_does_not_move_and_disarmed_it_never_fires() -> None:
+    exits = Exits()
+    stopper = _stopper(0.3, exits)
+    stopper.arm()
+    first = stopper._timer
+    stopper.arm()
+    assert stopper._timer is first  # a second SIGTERM does not restart the clock
+    stopper.disarm()
+    assert not exits.asked.wait(0.6)
+    assert exits.codes == []
+
+
+def test_no_deadline_when_it_is_zero() -> None:
+    exits = Exits()
+    stopper = _stopper(0, exits)
+    stopper.arm()
+    assert stopper._timer is None
+    assert "shutdown-deadline" not in {t.name for t in threading.enumerate()}
+
+
+def test_a_stream_without_a_file_descriptor_still_ends_the_process() -> None:
+    exits = Exits()
+    stopper = _stopper(0.05, exits, stream=io.StringIO())
+    stopper.arm()
+    assert exits.asked.wait(5)
+    assert exits.codes == [shutdown.DEADLINE_EXIT_CODE]
