@@ -31,7 +31,9 @@ Step = tuple[str, Callable[[], None] | None]  # a name, and its stop (None: not 
 
 
 class Stopper:
-    """Runs the stop steps; :meth:`arm` starts the deadline (``deadline_s`` <= 0: none)."""
+    """Runs the stop steps; :meth:`arm` starts the deadline (``deadline_s`` <= 0: none). It
+    stays armed until the process ends: the interpreter's own exit, which waits for every
+    non-daemon thread (gRPC's workers finish the call they are in), is covered too."""
 
     def __init__(
         self,
@@ -61,13 +63,6 @@ class Stopper:
             self._timer.name = "shutdown-deadline"
             self._timer.daemon = True
             self._timer.start()
-
-    def disarm(self) -> None:
-        """The stop is over: no deadline any more."""
-        with self._lock:
-            timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
 
     def run(self, steps: Sequence[Step]) -> None:
         """Stop each part in order; a step that raises is logged and the others still run."""

@@ -271,4 +271,3 @@ def run(args: argparse.Namespace) -> int:
         return common.fail(str(exc), code=1)
     finally:
         stopper.run([("http", http.stop), ("api-client", api.close)])
-        stopper.disarm()
