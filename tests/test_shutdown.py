@@ -4,12 +4,13 @@ real file for the stack dump; the process exit is the one thing replaced (by a r
 from __future__ import annotations
 
 import io
+import logging
 import threading
 from pathlib import Path
 from typing import Any
 
 import structlog
-from structlog.testing import capture_logs
+from structlog.testing import LogCapture
 
 from dra_driver import shutdown
 
@@ -26,10 +27,16 @@ class Exits:
         self.asked.set()
 
 
-def _stopper(deadline_s: float, exits: Exits | None = None, **kw: Any) -> shutdown.Stopper:
-    return shutdown.Stopper(
-        log=structlog.get_logger("test"), deadline_s=deadline_s, exit_=exits or Exits(), **kw
+def _stopper(
+    deadline_s: float, exits: Exits | None = None, logs: LogCapture | None = None, **kw: Any
+) -> shutdown.Stopper:
+    """A stopper logging into ``logs`` at every level, whatever the run's structlog settings."""
+    log = structlog.wrap_logger(
+        None,
+        processors=[logs or LogCapture()],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
     )
+    return shutdown.Stopper(log=log, deadline_s=deadline_s, exit_=exits or Exits(), **kw)
 
 
 def test_every_step_runs_in_order_even_after_one_fails() -> None:
@@ -39,34 +46,35 @@ def test_every_step_runs_in_order_even_after_one_fails() -> None:
         ran.append("b")
         raise RuntimeError("socket already gone")
 
-    with capture_logs() as logs:
-        stopper = _stopper(0)
-        stopper.run(
-            [
-                ("a", lambda: ran.append("a")),
-                ("b", broken),
-                ("off", None),
-                ("c", lambda: ran.append("c")),
-            ]
-        )
+    logs = LogCapture()
+    stopper = _stopper(0, logs=logs)
+    stopper.run(
+        [
+            ("a", lambda: ran.append("a")),
+            ("b", broken),
+            ("off", None),
+            ("c", lambda: ran.append("c")),
+        ]
+    )
     assert ran == ["a", "b", "c"]
     assert list(stopper.durations) == ["a", "b", "c"]  # a part not running is not a step
-    failed = [x for x in logs if x["log_level"] == "error"]
+    failed = [x for x in logs.entries if x["log_level"] == "error"]
     assert [(x["event"], x["part"]) for x in failed] == [
         ("cannot stop a part cleanly; stopping the others", "b")
     ]
     assert stopper.current == ""
-    with capture_logs() as logs:
-        stopper.run([("http", lambda: None)])  # the CLI's own steps, after the agent's
-    assert [list(x["seconds"]) for x in logs if x["event"] == "parts stopped"] == [["http"]]
+    logs.entries.clear()
+    stopper.run([("http", lambda: None)])  # the CLI's own steps, after the agent's
+    stopped = [list(x["seconds"]) for x in logs.entries if x["event"] == "parts stopped"]
+    assert stopped == [["http"]]
 
 
 def test_a_slow_step_is_logged_with_its_time_and_a_quick_one_is_not() -> None:
     ticks = iter([0.0, 0.2, 10.0, 12.5])
-    with capture_logs() as logs:
-        stopper = _stopper(0, clock=lambda: next(ticks))
-        stopper.run([("quick", lambda: None), ("publisher", lambda: None)])
-    assert [(x["event"], x.get("part"), x["seconds"]) for x in logs] == [
+    logs = LogCapture()
+    stopper = _stopper(0, logs=logs, clock=lambda: next(ticks))
+    stopper.run([("quick", lambda: None), ("publisher", lambda: None)])
+    assert [(x["event"], x.get("part"), x["seconds"]) for x in logs.entries] == [
         ("slow to stop", "publisher", 2.5),
         ("parts stopped", None, {"quick": 0.2, "publisher": 2.5}),
     ]
@@ -81,24 +89,24 @@ def test_the_deadline_exits_naming_the_stuck_step_and_dumping_every_stack(tmp_pa
         release.wait(10)
 
     dump = (tmp_path / "stderr").open("w+")
-    with capture_logs() as logs:
-        stopper = _stopper(0.2, exits, stream=dump)
-        stopper.arm()
-        done = threading.Thread(
-            target=stopper.run,
-            args=(
-                [
-                    ("registration", lambda: None),
-                    ("slice-publisher", wait_for_a_peer_that_never_answers),
-                ],
-            ),
-        )
-        done.start()
-        assert exits.asked.wait(5)
-        release.set()  # the recorder does not end the process: let the step end
-        done.join(5)
+    logs = LogCapture()
+    stopper = _stopper(0.2, exits, logs=logs, stream=dump)
+    stopper.arm()
+    done = threading.Thread(
+        target=stopper.run,
+        args=(
+            [
+                ("registration", lambda: None),
+                ("slice-publisher", wait_for_a_peer_that_never_answers),
+            ],
+        ),
+    )
+    done.start()
+    assert exits.asked.wait(5)
+    release.set()  # the recorder does not end the process: let the step end
+    done.join(5)
     assert exits.codes == [shutdown.DEADLINE_EXIT_CODE]
-    errors = [x for x in logs if x["log_level"] == "error"]
+    errors = [x for x in logs.entries if x["log_level"] == "error"]
     assert len(errors) == 1
     assert errors[0]["event"].startswith("shutdown did not finish in time")
     assert errors[0]["stopping"] == "slice-publisher"
