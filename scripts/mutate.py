@@ -68,6 +68,11 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ],
         ["tests/apimachinery/test_schema.py", "tests/slices/test_validate.py", "tests/fakeapi"],
     ),
+    "shutdown": (
+        # The agent's stop (its steps, their deadline) and the node labels' health follower.
+        ["dra_driver/shutdown.py", "dra_driver/nodelabels/agent.py"],
+        ["tests/test_shutdown.py", "tests/nodelabels/test_reconcile.py"],
+    ),
     "footprint": (
         # What keeps an agent light (docs/fleet.md): the shared frozen methods, the JSON path.
         ["dra_driver/records.py", "dra_driver/kube/kubeconfig.py"],
