@@ -252,6 +252,37 @@ def test_agent_follows_health_and_resyncs(mem: memory.InMemoryApi, running: list
     assert patches(mem) == 4
 
 
+def test_a_health_change_relabels_at_once_not_at_the_next_resync(
+    mem: memory.InMemoryApi, running: list[Any]
+) -> None:
+    devices = builtin("dgx-h100")
+    board = health.HealthBoard()
+    passes = Passes()
+    handle = agent.start(
+        kube=mem,
+        node_name="n1",
+        devices=devices,
+        settings=compute.Settings(),
+        source=board,
+        log=logs.get("test"),
+        resync_s=3600,  # only the change itself can trigger the next pass
+        on_pass=passes,
+    )
+    running.append(handle)
+    passes.wait(1)
+    with capture_logs() as logged:
+        board.mark_unhealthy(devices.gpus[2].uuid, "XID 79")
+        passes.wait(2, timeout=5)
+    assert node_labels(mem)["nvidia.com/gpu.count"] == "7"
+    assert [e["event"] for e in logged if e["log_level"] == "info"] == [
+        "device health changed; re-checking node labels",
+        "node labels updated",
+    ]
+    assert not [e for e in logged if e["event"] == "health subscriber failed"]
+    handle.stop()
+    handle.stop()  # a second stop (the CLI's and the app's) is harmless
+
+
 def test_stop_is_prompt_ends_the_thread_and_unsubscribes(mem: memory.InMemoryApi) -> None:
     board = health.HealthBoard()
     handle = agent.start(
