@@ -283,6 +283,27 @@ def test_a_health_change_relabels_at_once_not_at_the_next_resync(
     handle.stop()  # a second stop (the CLI's and the app's) is harmless
 
 
+def test_the_agent_labels_with_the_settings_it_was_given(
+    mem: memory.InMemoryApi, running: list[Any]
+) -> None:
+    passes = Passes()
+    running.append(
+        agent.start(
+            kube=mem,
+            node_name="n1",
+            devices=builtin("pcie-l4"),
+            settings=compute.Settings(replicas=4),  # the device plugin's time-slicing
+            source=health.HealthBoard(),
+            log=logs.get("test"),
+            on_pass=passes,
+        )
+    )
+    passes.wait(1)
+    labels = node_labels(mem)
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.product"].endswith("-SHARED")
+
+
 def test_stop_is_prompt_ends_the_thread_and_unsubscribes(mem: memory.InMemoryApi) -> None:
     board = health.HealthBoard()
     handle = agent.start(
