@@ -283,12 +283,24 @@ def install_signal_handlers(
     stop: threading.Event, on_signal: Callable[[], None] | None = None
 ) -> None:
     """SIGTERM / SIGINT → orderly shutdown (call from the main thread); ``on_signal`` (e.g.
-    :meth:`dra_driver.shutdown.Stopper.arm`) runs at each signal."""
+    :meth:`dra_driver.shutdown.Stopper.arm`) runs at each signal, never inside its own run.
+
+    A signal that arrives while the handler runs (two SIGTERMs back to back: a rollout tool
+    and the kubelet) runs the handler again inside the first one, at any point of it, even
+    while it holds a lock a second run would wait for: the second run does nothing."""
+    handling = False
 
     def handler(signum: int, frame: Any) -> None:
-        stop.set()
-        if on_signal is not None:
-            on_signal()
+        nonlocal handling
+        if handling:
+            return
+        handling = True
+        try:
+            stop.set()
+            if on_signal is not None:
+                on_signal()
+        finally:
+            handling = False
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)

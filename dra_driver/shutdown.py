@@ -55,14 +55,24 @@ class Stopper:
         self.durations: dict[str, float] = {}  # each step run so far: its seconds
 
     def arm(self) -> None:
-        """Start the deadline (once; a second signal does not move it)."""
-        with self._lock:
-            if self._timer is not None or self.deadline_s <= 0:
-                return
-            self._timer = threading.Timer(self.deadline_s, self._expired)
-            self._timer.name = "shutdown-deadline"
-            self._timer.daemon = True
-            self._timer.start()
+        """Start the deadline (once; a second signal does not move it).
+
+        Called from the signal handler, so it never waits for its lock: a second SIGTERM
+        (the kubelet's, a rollout tool's) may interrupt the first ``arm()`` while that one
+        waits for the timer thread to start, holding the lock; waiting for it there would
+        deadlock the main thread. The interrupting call returns at once: the one it
+        interrupted arms the deadline."""
+        if self.deadline_s <= 0 or not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._timer is None:
+                timer = threading.Timer(self.deadline_s, self._expired)
+                timer.name = "shutdown-deadline"
+                timer.daemon = True
+                self._timer = timer
+                timer.start()
+        finally:
+            self._lock.release()
 
     def run(self, steps: Sequence[Step]) -> None:
         """Stop each part in order; a step that raises is logged and the others still run."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -151,3 +152,54 @@ def test_a_stream_without_a_file_descriptor_still_ends_the_process() -> None:
     assert exits.asked.wait(5)
     assert exits.codes == [shutdown.DEADLINE_EXIT_CODE]
     assert [x["stopping"] for x in logs.entries] == ["(between steps)"]  # no step running
+
+
+def test_a_second_signal_while_the_first_starts_the_deadline_does_not_deadlock(
+    monkeypatch: Any,
+) -> None:
+    """The fleet's rolling restart sent two SIGTERMs back to back: the second interrupted
+    ``arm()`` while it waited for the timer thread to start, holding its lock, and the nested
+    ``arm()`` waited for that lock forever (the deadline's own timer ended the process 25 s
+    later, having stopped nothing). Here the nested call is made exactly there."""
+    exits = Exits()
+    stopper = _stopper(0.3, exits)
+    started: list[threading.Timer] = []
+
+    class InterruptedTimer(threading.Timer):
+        def start(self) -> None:
+            stopper.arm()  # the second signal's handler, inside the first one's start()
+            started.append(self)
+            super().start()
+
+    monkeypatch.setattr(threading, "Timer", InterruptedTimer)  # what shutdown.py calls
+    first = threading.Thread(target=stopper.arm, daemon=True)
+    first.start()
+    first.join(5)
+    assert not first.is_alive(), "arm() deadlocked on its own lock"
+    assert len(started) == 1 and stopper._timer is started[0]
+    assert exits.asked.wait(5) and exits.codes == [shutdown.DEADLINE_EXIT_CODE]
+
+
+def test_the_signal_handler_does_nothing_when_a_signal_interrupts_it() -> None:
+    """A second SIGTERM runs the handler again inside the first run (here: raised from
+    ``on_signal``); that nested run must not touch the locks the first one may hold."""
+    from dra_driver import app
+
+    stop = threading.Event()
+    calls: list[bool] = []
+
+    def on_signal() -> None:
+        calls.append(stop.is_set())
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGTERM)  # handled before on_signal returns
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        app.install_signal_handlers(stop, on_signal=on_signal)
+        signal.raise_signal(signal.SIGTERM)
+        assert calls == [True]  # once, after stop was set; the nested run returned at once
+        signal.raise_signal(signal.SIGINT)  # a later signal, not nested: handled again
+        assert calls == [True, True]
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

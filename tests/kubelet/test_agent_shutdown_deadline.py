@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 from dra_driver.testing import polling
@@ -82,3 +83,23 @@ def test_past_the_deadline_the_agent_exits_1_says_where_and_loses_no_claim(
         agent.kill()
         if "again" in locals():
             again.kill()
+
+
+def test_two_sigterms_back_to_back_stop_the_agent_at_once(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    """A rollout tool's SIGTERM and the kubelet's, a moment apart: the second interrupts the
+    first one's handler. It once deadlocked the main thread there until the 25 s deadline
+    (the fleet benchmark's rolling restarts: 2 of 3 replaced agents). The delays try the
+    second signal before, while and after the first handler starts the deadline's thread."""
+    for delay_s in (0.0, 0.0005, 0.002, 0.01):
+        agent = _agent(short_dir, apiserver, "25").start()
+        try:
+            agent.wait_ready()
+            agent.signal(signal.SIGTERM)
+            time.sleep(delay_s)
+            agent.signal(signal.SIGTERM)
+            assert agent.wait(10) == 0, f"second SIGTERM {delay_s * 1000} ms after the first"
+            assert "shutdown did not finish" not in agent.log()
+        finally:
+            agent.kill()
