@@ -20,6 +20,7 @@ devices, from ``/proc/devices``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -104,8 +105,20 @@ def daemon_ready(directory: Path, *, now: float | None = None) -> bool:
     return isinstance(stamp, int | float) and moment - stamp <= STALE_S
 
 
+REMOVE_ATTEMPTS = 50
+
+
 def remove(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
+    """Remove a domain's directory, whatever the daemon writes into it meanwhile.
+
+    The daemon writes its status file every interval (a temp file, then a rename): a file made
+    after ``rmtree`` listed the directory keeps it from being removed, and the directory, the
+    daemon watching it and the nodes config would outlive the claim. So: again until it is gone
+    (the daemon writes once per interval; it cannot win every one of these in a row)."""
+    for _ in range(REMOVE_ATTEMPTS):
+        shutil.rmtree(directory, ignore_errors=True)
+        if not os.path.lexists(directory):
+            return
 
 
 class NoChannelDevice(Exception):
