@@ -5,9 +5,11 @@ Why it exists: the driver talks to the API server through a narrow port of plain
 is its production implementation. It speaks the REST paths itself over
 :mod:`dra_driver.kube.transport`, a lean HTTP/1.1 client that costs a fifth of the library's
 CPU per request — JSON requests, the Node label and claim status patches, and watches (a
-streamed response on a connection of its own) — and response bodies are JSON-decoded here.
+streamed response on a connection of its own) — and response bodies are decoded by
+:mod:`dra_driver.kube.replies`.
 The configuration (in-cluster service account; kubeconfig with a token, token file or client
-certificates) is read by :mod:`dra_driver.kube.kubeconfig`, so the node agent never imports the
+certificates) is chosen by :mod:`dra_driver.kube.clientconfig` and read by
+:mod:`dra_driver.kube.kubeconfig`, so the node agent never imports the
 ``kubernetes`` package (~10 MiB of memory and ~0.2 s of CPU per agent, one agent per node). The
 library is imported, lazily, only for what the transport does not do — exec credential plugins,
 auth providers, basic auth and proxies — or when asked for (``lean=False``); then every request
@@ -25,62 +27,17 @@ notice.
 from __future__ import annotations
 
 import json
-import os
-import re
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dra_driver.kube import api, library, transport
-from dra_driver.kube import kubeconfig as _kubeconfig
+from dra_driver.kube import api, clientconfig, library, replies, transport
+from dra_driver.kube.clientconfig import ConfigError as ConfigError
 
 _GROUP = "/apis/resource.k8s.io/v1"
 WATCH_SILENCE_S = 5.0
 _APPLY = "application/apply-patch+yaml"
-
-
-class ConfigError(Exception):
-    """No usable kubeconfig or in-cluster configuration; the message says what is missing."""
-
-
-def _check_kubeconfig(path: Path) -> Any:
-    """The document in the kubeconfig at ``path``; :class:`ConfigError` (one line: the file and
-    the reason) unless it is a readable YAML (or JSON) mapping: the client library would crash
-    on anything else with a traceback."""
-    if not path.exists():
-        raise ConfigError(f"kubeconfig {path} does not exist")
-    if not path.is_file():
-        raise ConfigError(f"kubeconfig {path} is not a file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"cannot load kubeconfig {path}: not UTF-8 text ({exc.reason})") from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read kubeconfig {path}: {exc.strerror or exc}") from exc
-    try:
-        loaded = _kubeconfig.parse(text)
-    except _kubeconfig.ParseError as exc:
-        raise ConfigError(
-            f"cannot load kubeconfig {path}: not valid YAML{exc.where}: {exc.problem}"
-        ) from exc
-    if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(
-            f"cannot load kubeconfig {path}: not a kubeconfig (YAML "
-            f"{'list' if isinstance(loaded, list) else 'scalar'}, not a mapping of clusters, "
-            "users and contexts)"
-        )
-    return loaded
-
-
-class _NoLibrary:
-    """Stands where the library's ``ApiClient`` would: a lean configuration, no library."""
-
-    def __init__(self, configuration: _kubeconfig.Configuration) -> None:
-        self.configuration = configuration
-
-    def close(self) -> None:
-        pass
 
 
 class KubeClient:
@@ -142,33 +99,9 @@ class KubeClient:
     ) -> KubeClient:
         """From ``kubeconfig`` (or ``$KUBECONFIG``), else the in-cluster service account; the
         connection settings are :meth:`__init__`'s."""
-        path = kubeconfig or (
-            Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
+        api_client = clientconfig.api_client(
+            kubeconfig, context, lean=lean, pool_size=max(connections, max_connections)
         )
-        doc = _check_kubeconfig(path) if path is not None else None
-        api_client: Any = None
-        if lean:
-            try:
-                lean_config = (
-                    _kubeconfig.load(path, context, doc=doc) if path else _kubeconfig.in_cluster()
-                )
-            except _kubeconfig.ConfigError as exc:
-                where = f"kubeconfig {path}" if path else "in-cluster configuration"
-                raise ConfigError(f"cannot load {where}: {exc}") from exc
-            except (TypeError, AttributeError, KeyError, ValueError) as exc:
-                # A wrongly shaped entry (``clusters: 5``) surfaces as a Python error.
-                raise ConfigError(
-                    f"cannot load kubeconfig {path}: not a valid kubeconfig "
-                    f"({type(exc).__name__}: {exc})"
-                ) from exc
-            if lean_config is not None:
-                api_client = _NoLibrary(lean_config)
-        if api_client is None:  # what the transport does not do: the library's
-            try:
-                api_client = library.api_client(path, context, max(connections, max_connections))
-            except library.LibraryConfigError as exc:
-                where = f"kubeconfig {path}" if path else "in-cluster configuration"
-                raise ConfigError(f"cannot load {where}: {exc}") from exc
         return cls(
             api_client,
             timeout_s=timeout_s,
@@ -225,7 +158,7 @@ class KubeClient:
                 "PATCH", path, query=query, body=body, content_type=content_type
             )
             status, data = response.status, library.data(response, "PATCH", path)
-        return _decoded(status, data, "PATCH", path)
+        return replies.decoded(status, data, "PATCH", path)
 
     def list_resource_slices(self, *, driver: str, node_name: str) -> tuple[list[api.Obj], str]:
         query = [("fieldSelector", _selector(driver, node_name))]
@@ -275,7 +208,7 @@ class KubeClient:
         if self._transport is not None:
             return self._lean_watch(path, query, silence, what)
         response = self._request("GET", path, query=query, timeout=(self._timeout[0], silence))
-        return self._events(response.stream(65536), silence, what, response.release_conn)
+        return replies.events(response.stream(65536), silence, what, response.release_conn)
 
     def _lean_watch(
         self, path: str, query: list[tuple[str, str]], silence: float, what: str
@@ -288,8 +221,8 @@ class KubeClient:
         except transport.TransportError as exc:
             raise api.ApiError(0, f"API server unreachable: {exc}") from exc
         if not 200 <= stream.status < 300:
-            raise _error("GET", path, stream.status, stream.body())
-        return self._events(stream.chunks(), silence, what, stream.close)
+            raise replies.error("GET", path, stream.status, stream.body())
+        return replies.events(stream.chunks(), silence, what, stream.close)
 
     # ------------------------------------------------------------------ beyond the port
     # What ``dra-driver doctor`` asks (:mod:`dra_driver.kube.features`); the agent never does.
@@ -338,7 +271,7 @@ class KubeClient:
         else:
             response = self._request(method, path, query=query, body=body)
             status, data = response.status, library.data(response, method, path)
-        return _decoded(status, data, method, path)
+        return replies.decoded(status, data, method, path)
 
     def _lean(
         self,
@@ -365,7 +298,7 @@ class KubeClient:
         except transport.TransportError as exc:
             raise api.ApiError(0, f"API server unreachable: {exc}") from exc
         if not 200 <= response.status < 300:
-            raise _error(method, path, response.status, response.body)
+            raise replies.error(method, path, response.status, response.body)
         return response.status, response.body
 
     def _request(
@@ -393,60 +326,8 @@ class KubeClient:
                 data = library.data(response, method, path)
             except api.ApiError:
                 data = b""
-            raise _error(method, path, response.status, data)
+            raise replies.error(method, path, response.status, data)
         return response
-
-    def _events(
-        self, chunks: Iterator[bytes], silence: float, what: str, release: Callable[[], None]
-    ) -> Iterator[api.WatchEvent]:
-        buffer = b""
-        try:
-            for chunk in chunks:
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        yield _event(line, what)
-            if buffer.strip():
-                yield _event(buffer, what)
-        except Exception as exc:
-            if _timed_out(exc):
-                raise api.ApiError(
-                    0, f"watch of {what} silent for {silence:g}s: connection presumed dead"
-                ) from exc
-            if isinstance(exc, api.ApiError) or not _broken(exc):
-                raise
-            raise api.ApiError(0, f"watch of {what} broke off: {exc}") from exc
-        finally:
-            release()
-
-
-def _timed_out(exc: BaseException) -> bool:
-    """A watch read that waited past its timeout (our transport's, or urllib3's)."""
-    if isinstance(exc, transport.TransportError):
-        return exc.timed_out
-    return type(exc).__name__ == "ReadTimeoutError"
-
-
-def _broken(exc: BaseException) -> bool:
-    """A connection that broke off: ours, an OSError, or any of urllib3's HTTP errors."""
-    if isinstance(exc, transport.TransportError | OSError):
-        return True
-    return any(
-        c.__module__.startswith("urllib3") and c.__name__ == "HTTPError" for c in type(exc).__mro__
-    )
-
-
-def _decoded(status: int, data: bytes, method: str, path: str) -> api.Obj:
-    try:
-        decoded = json.loads(data) if data else {}
-    except ValueError as exc:
-        raise api.ApiError(
-            status, f"{method} {path}: not a Kubernetes API server: {_not_json(data)}"
-        ) from exc
-    if not isinstance(decoded, dict):
-        raise api.ApiError(status, f"{method} {path}: reply is not a JSON object")
-    return decoded
 
 
 def _q(segment: str) -> str:
@@ -459,44 +340,3 @@ def _selector(driver: str, node_name: str) -> str:
         f"spec.nodeName={node_name}" if node_name else "",
     ]
     return ",".join(t for t in terms if t)
-
-
-def _event(line: bytes, what: str) -> api.WatchEvent:
-    try:
-        raw = json.loads(line)
-        return api.WatchEvent(raw["type"], raw["object"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise api.ApiError(0, f"watch of {what} sent an unreadable event: {exc}") from exc
-
-
-def _error(method: str, path: str, status: int, data: bytes) -> api.ApiError:
-    """The port's error for a non-2xx reply, with the server's Status message."""
-    message, reason = "", ""
-    try:
-        body = json.loads(data) if data else {}
-        if isinstance(body, dict):
-            message, reason = str(body.get("message") or ""), str(body.get("reason") or "")
-    except ValueError:  # a proxy's or another web server's page, not a Kubernetes Status
-        message = f"not a Kubernetes API server: {_not_json(data)}"
-    text = message or f"{method} {path}: HTTP {status}"
-    if status == 404:
-        return api.NotFound(text)
-    if status == 409:
-        return api.Conflict(text, reason=reason or "Conflict")
-    if status in (400, 422):
-        return api.Invalid(text, status=status)
-    return api.ApiError(status, text, reason=reason)
-
-
-def _not_json(data: bytes) -> str:
-    """One line saying what a reply that is not JSON is (an HTML page and its title, or its
-    first line), never the body itself: an operator pointed us at the wrong server."""
-    text = data[:4096].decode(errors="replace")
-    title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
-    if title:
-        name = " ".join(title.group(1).split())[:80]
-        return f"the reply is an HTML page titled {name!r}"
-    if re.match(r"\s*<", text):
-        return "the reply is an HTML or XML page"
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    return f"the reply is not JSON: {first[:80]!r}" if first else "the reply is empty"

@@ -19,23 +19,23 @@ file or data, client certificate as a file or inline, no-verify, TLS server name
 used). The configuration is the ``kubernetes`` library's or
 :class:`dra_driver.kube.kubeconfig.Configuration`, which has the same attributes. A request is
 never re-sent once written: whether to retry is the caller's decision. Proxies stay with the
-library (:func:`from_configuration` returns None when a proxy is configured).
+library (:func:`from_configuration` returns None when a proxy is configured). One connection —
+its socket, TLS and read buffer — is :mod:`dra_driver.kube.connection`'s.
 """
 
 from __future__ import annotations
 
 import collections
-import os
-import socket
 import ssl
-import tempfile
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any
 
-from dra_driver import __version__, records
+from dra_driver import __version__
+from dra_driver.kube.connection import Connection, load_cert_data
+from dra_driver.kube.connection import Endpoint as Endpoint
 from dra_driver.kube.http1 import Response as Response
 from dra_driver.kube.http1 import TransportError as TransportError
 from dra_driver.kube.http1 import describe as _describe
@@ -44,40 +44,6 @@ from dra_driver.kube.http1 import timed_out as _timed_out
 from dra_driver.kube.streams import Stream
 
 CONNECT_ATTEMPTS = 3  # like the library's urllib3.Retry(connect=2)
-READ_BUFFER = 16384
-
-
-@records.record
-class Endpoint:
-    """Where the API server is and how to reach it."""
-
-    host: str
-    port: int
-    base_path: str = ""  # e.g. a proxy's /k8s/clusters/x prefix; no trailing slash
-    tls: ssl.SSLContext | None = None
-    server_hostname: str | None = None  # for SNI and certificate checks; default: host
-
-    @property
-    def address(self) -> tuple[str | bytes, int]:
-        """``(host, port)`` to connect to, an ASCII host as bytes: a ``str`` host makes
-        ``getaddrinfo`` load the IDNA codec (``encodings.idna``, ``stringprep``,
-        ``unicodedata``: ~0.4 MiB per agent for the agent's life); a name that is not ASCII
-        stays ``str`` and is IDNA-encoded as before."""
-        return (_ascii(self.host), self.port)
-
-    @property
-    def tls_name(self) -> str | bytes:
-        """The TLS server name (SNI and the certificate check), as :attr:`address` encodes it."""
-        return _ascii(self.server_hostname or self.host)
-
-    @property
-    def host_header(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-
-def _ascii(name: str) -> str | bytes:
-    return name.encode("ascii") if name.isascii() else name
 
 
 def from_configuration(
@@ -104,7 +70,7 @@ def from_configuration(
             tls.load_cert_chain(configuration.cert_file, configuration.key_file or None)
         cert_data = getattr(configuration, "cert_data", None)  # kubeconfig.Configuration's
         if cert_data:
-            _load_cert_data(tls, cert_data, getattr(configuration, "key_data", None))
+            load_cert_data(tls, cert_data, getattr(configuration, "key_data", None))
         assert_hostname = getattr(configuration, "assert_hostname", None)
         server_hostname = configuration.tls_server_name or (
             assert_hostname if isinstance(assert_hostname, str) else None
@@ -127,62 +93,6 @@ def from_configuration(
         return str(setting["value"]) if setting and setting.get("value") else None
 
     return Transport(endpoint, authorization=authorization, timeouts=timeouts, max_idle=max_idle)
-
-
-class _Connection:
-    __slots__ = ("fresh", "idle_since", "rfile", "sock", "tls")
-
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        timeouts: tuple[float, float],
-        session: ssl.SSLSession | None = None,
-    ) -> None:
-        sock = socket.create_connection(endpoint.address, timeout=timeouts[0])  # type: ignore[arg-type]
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if endpoint.tls is not None:
-                sock = endpoint.tls.wrap_socket(
-                    sock,
-                    server_hostname=endpoint.tls_name,
-                    session=session,
-                )
-            sock.settimeout(timeouts[1])
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-        self.tls = isinstance(sock, ssl.SSLSocket)
-        # 16 KiB: a TLS record's most, so a larger buffer saves no reads; it is held per
-        # connection for the agent's life (64 KiB was ~0.3 MiB per agent, docs/fleet.md).
-        self.rfile: BinaryIO = sock.makefile("rb", buffering=READ_BUFFER)  # type: ignore[assignment]
-        self.idle_since = time.monotonic()
-        self.fresh = self.tls  # TLS, and its session not yet learnt (see Transport._give_back)
-
-    def dropped(self) -> bool:
-        """Whether an idle connection is unusable: the server closed it (or sent something
-        nobody asked for). A non-blocking read tells, and it must be TLS-aware: a TLS 1.3 server
-        sends session tickets after the handshake, which a client reads only with its next read,
-        so a fresh connection is readable without having been closed. Reading through TLS
-        consumes them (the pool then resumes from that session) and finds nothing (alive), the
-        end (closed, with or without a close_notify) or data (unusable)."""
-        sock = self.sock
-        try:
-            timeout = sock.gettimeout()
-            sock.settimeout(0.0)
-            try:
-                sock.recv(1)  # data, or b"" (the end): unusable either way
-                return True
-            finally:
-                sock.settimeout(timeout)
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
-            return False  # nothing to read (TLS: after consuming any session tickets)
-        except (OSError, ValueError):
-            return True
-
-    def close(self) -> None:
-        self.rfile.close()
-        self.sock.close()
 
 
 class Transport:
@@ -210,7 +120,7 @@ class Transport:
         self._authorization = authorization
         self._timeouts = timeouts
         self._max_idle = max_idle
-        self._idle: collections.deque[_Connection] = collections.deque()
+        self._idle: collections.deque[Connection] = collections.deque()
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._session: ssl.SSLSession | None = None
@@ -301,7 +211,7 @@ class Transport:
             self._keeper.join(timeout=5)
 
     # ------------------------------------------------------------------ the pool
-    def _take(self) -> _Connection:
+    def _take(self) -> Connection:
         while True:
             with self._lock:
                 conn = self._idle.popleft() if self._idle else None
@@ -318,12 +228,12 @@ class Transport:
                 self._open -= 1
             raise
 
-    def _connect(self) -> _Connection:
+    def _connect(self) -> Connection:
         error: Exception | None = None
         for _ in range(CONNECT_ATTEMPTS):
             session = self._session
             try:
-                conn = _Connection(self.endpoint, self._timeouts, session)
+                conn = Connection(self.endpoint, self._timeouts, session)
             except (OSError, ValueError) as exc:
                 error = exc
                 if session is not None and isinstance(exc, ssl.SSLError):
@@ -337,7 +247,7 @@ class Transport:
             f"cannot connect to {self.endpoint.host_header}: {_describe(error)}"
         ) from error
 
-    def _give_back(self, conn: _Connection) -> None:
+    def _give_back(self, conn: Connection) -> None:
         if conn.fresh:  # a new TLS connection: once it has read a ticket, resume from it
             session = conn.sock.session  # type: ignore[attr-defined]
             if session is not None and session.has_ticket:
@@ -361,7 +271,7 @@ class Transport:
         for conn in idle:
             conn.close()
 
-    def _discard(self, conn: _Connection) -> None:
+    def _discard(self, conn: Connection) -> None:
         with self._lock:
             self._open -= 1
         conn.close()
@@ -420,7 +330,7 @@ class Transport:
                 with self._lock:  # a full rotation keeps the order: oldest used first
                     self._idle.append(conn)
 
-    def _ping(self, conn: _Connection) -> bool:
+    def _ping(self, conn: Connection) -> bool:
         """A cheap request on ``conn`` (any complete answer will do); False: it is gone."""
         head = f"GET {self.endpoint.base_path}/version {self._head}"
         token = self._authorization()
@@ -436,17 +346,3 @@ class Transport:
         if not reusable:
             self._discard(conn)
         return reusable
-
-
-def _load_cert_data(tls: ssl.SSLContext, cert: bytes, key: bytes | None) -> None:
-    """A client certificate given inline: ``ssl`` loads only files, so through a private
-    temporary directory, removed at once."""
-    with tempfile.TemporaryDirectory(prefix="dra-driver-tls-") as tmp:
-        cert_path = os.path.join(tmp, "client.crt")
-        key_path = os.path.join(tmp, "client.key") if key else None
-        for path, data in ((cert_path, cert), (key_path, key)):
-            if path is not None and data is not None:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    out.write(data)
-        tls.load_cert_chain(cert_path, key_path)

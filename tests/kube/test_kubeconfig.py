@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_driver.kube import client, kubeconfig
+from dra_driver.kube import client, clientconfig, kubeconfig
 from dra_driver.testing.fakeapi import certs, fakeserver
 
 
@@ -82,7 +82,7 @@ def test_inline_client_certificates_reach_a_tls_server_without_the_library(
         server.api.put_node("n1")
         kube = client.KubeClient.connect(server.write_kubeconfig(tmp_path / "kc"))
         try:
-            assert isinstance(kube._client, client._NoLibrary)
+            assert isinstance(kube._client, clientconfig.NoLibrary)
             assert kube.get_node("n1")["metadata"]["name"] == "n1"
             kube.patch_node("n1", {"metadata": {"labels": {"a": "b"}}})
             assert server.api.get_node("n1")["metadata"]["labels"]["a"] == "b"

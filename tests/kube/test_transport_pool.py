@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from dra_driver.kube import transport
+from dra_driver.kube import connection, transport
 from dra_driver.testing.fakeapi import certs, fakeserver
 
 WAIT_S = 20.0  # generous: a loaded 2-core machine
@@ -49,7 +49,7 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
         threading.Event().wait(0.01)
 
 
-def idle(http: transport.Transport) -> list[transport._Connection]:
+def idle(http: transport.Transport) -> list[connection.Connection]:
     with http._lock:
         return list(http._idle)
 
