@@ -33,6 +33,7 @@ class PluginSettings:
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     cdi_root: Path = Path("/var/run/cdi")
     kubeconfig: Path | None = None
+    kube_context: str | None = None  # --context: a kubeconfig context, not its current one
     driver_root: Path = Path("/")
     driver_root_mount: Path | None = None  # where this process sees driver_root, if elsewhere
     pod_uid: str = ""  # set: per-instance socket names, state shared with another instance

@@ -5,7 +5,8 @@ one node fit now, summed over the nodes; how many of them get a set as well conn
 best N-set of their node when empty; the nodes that fit the largest size; and the GPUs stranded
 (free, in no set of the sizes above 1). ``--by-node`` adds a line per node, ``-o json`` prints
 the same for scripts. The ResourceSlices and allocated ResourceClaims come from the cluster
-(``--kubeconfig``, else the in-cluster account) or from files (``--slices``, ``--allocated``).
+(``--kubeconfig``, else kubectl's defaults: ``KUBECONFIG``, ``~/.kube/config``, the in-cluster
+account) or from files (``--slices``, ``--allocated``).
 Bad input is one error line, exit 2. Definitions: docs/capacity.md.
 """
 
@@ -111,7 +112,7 @@ def _from_cluster(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
     )
     claims_kind = objects.Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
     try:
-        kube = client.KubeClient.connect(args.kubeconfig)
+        kube = client.KubeClient.connect(args.kubeconfig, context=args.context)
     except client.ConfigError as err:
         raise common.UsageError(str(err)) from err
     try:

@@ -40,16 +40,47 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_kubeconfig(parser: argparse.ArgumentParser) -> None:
-    """``--kubeconfig`` (env ``KUBECONFIG``) of the subcommands that talk to the API server."""
-    from dra_driver.cli import env_default
+KUBECONFIG_HELP = (
+    "kubeconfig file; default as kubectl: the files in KUBECONFIG (a :-separated list, merged), "
+    "else ~/.kube/config, else the in-cluster service account"
+)
 
+
+def add_kubeconfig(parser: argparse.ArgumentParser, *, what: str = "") -> None:
+    """``--kubeconfig`` and ``--context`` of the subcommands that talk to the API server, with
+    kubectl's defaults (:mod:`dra_driver.kube.configfiles`: ``KUBECONFIG``, ``~/.kube/config``,
+    in-cluster); ``what`` starts the help (e.g. "kubeconfig for the labels")."""
     parser.add_argument(
         "--kubeconfig",
         type=Path,
-        default=env_default("KUBECONFIG"),
-        help="kubeconfig file; default: in-cluster service account (env KUBECONFIG)",
+        default=None,
+        help=(what + "; " if what else "") + KUBECONFIG_HELP,
     )
+    parser.add_argument(
+        "--context",
+        default=None,
+        help="the kubeconfig context to use (default: its current-context)",
+    )
+
+
+def add_namespace(parser: argparse.ArgumentParser, *, env: str, help: str) -> None:
+    """``--namespace/-n`` (env twin ``env``): unset, the kubeconfig context's namespace (else
+    the pod's own, in-cluster), as kubectl takes it: :func:`namespace_from`."""
+    from dra_driver.cli import env_default
+
+    parser.add_argument("--namespace", "-n", default=env_default(env), help=help)
+
+
+def namespace_from(args: argparse.Namespace) -> str | None:
+    """``--namespace`` (or its env twin), else the context's namespace, else the pod's."""
+    if args.namespace:
+        return str(args.namespace)
+    from dra_driver.kube import clientconfig
+
+    try:
+        return clientconfig.namespace(args.kubeconfig, args.context)
+    except clientconfig.ConfigError:
+        return None  # connecting says what is wrong with the kubeconfig
 
 
 def add_shareable_flag(parser: argparse.ArgumentParser) -> None:

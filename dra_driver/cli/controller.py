@@ -24,11 +24,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     parser = sub.add_parser("controller", help=cli.SUMMARIES["controller"])
     common.add_kubeconfig(parser)
-    parser.add_argument(
-        "--namespace",
-        default=env_default("POD_NAMESPACE"),
+    common.add_namespace(
+        parser,
+        env="POD_NAMESPACE",
         help="the driver's namespace: the leader Lease, the IMEX DaemonSets and their claim "
-        "templates live here (env POD_NAMESPACE; required)",
+        "templates live here (env POD_NAMESPACE; default: the kubeconfig context's namespace, "
+        "else the pod's own; required)",
     )
     parser.add_argument(
         "--identity",
@@ -81,12 +82,15 @@ def run(args: argparse.Namespace) -> int:
     from dra_driver.kube.objectclient import ObjectClient
 
     log = logs.get("controller")
+    args.namespace = common.namespace_from(args)
     if not args.namespace:
-        return common.fail("--namespace (or POD_NAMESPACE) is required")
+        return common.fail(
+            "--namespace (or POD_NAMESPACE, or a namespace in the kubeconfig context) is required"
+        )
     if not 0 < args.renew_interval < args.lease_duration:
         return common.fail("--renew-interval must be above 0 and below --lease-duration")
     try:
-        kube = client.KubeClient.connect(args.kubeconfig)
+        kube = client.KubeClient.connect(args.kubeconfig, context=args.context)
     except client.ConfigError as exc:
         return common.fail(str(exc))
     objects = ObjectClient(kube)

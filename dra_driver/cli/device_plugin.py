@@ -106,6 +106,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     health_server.add_flags(parser)
     healthflags.add_flags(parser)
     labelflags.add_flags(parser, api_access=True)
+    common.add_kubeconfig(parser, what="kubeconfig for the labels")
     parser.set_defaults(handler=run)
 
 
@@ -240,7 +241,7 @@ def start_node_labels(
     from dra_driver.kube import client
 
     try:
-        api = client.KubeClient.connect(Path(args.kubeconfig) if args.kubeconfig else None)
+        api = client.KubeClient.connect(args.kubeconfig, context=args.context)
     except client.ConfigError as exc:
         raise common.UsageError(f"node labels need API access: {exc}") from exc
     running = nodelabels.start(

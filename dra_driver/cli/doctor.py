@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        kube = client.KubeClient.connect(args.kubeconfig)
+        kube = client.KubeClient.connect(args.kubeconfig, context=args.context)
     except client.ConfigError as exc:
         return common.fail(str(exc))
     try:

@@ -200,6 +200,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         plugins_dir=args.kubelet_plugins_dir,
         cdi_root=args.cdi_root,
         kubeconfig=args.kubeconfig,
+        kube_context=args.context,
         driver_root=args.driver_root,
         driver_root_mount=args.driver_root_mount,
         pod_uid=args.pod_uid or "",
@@ -236,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
         devices = common.make_backend(args)
         api = client.KubeClient.connect(
             settings.kubeconfig,
+            context=settings.kube_context,
             connections=settings.api_warm_connections,
             max_connections=max(settings.workers, settings.api_connections),
             keepalive_s=settings.api_keepalive_s,

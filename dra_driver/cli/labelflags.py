@@ -2,7 +2,7 @@
 
 Shared by ``kubelet-plugin`` and ``device-plugin`` so both spell them, and their environment
 twins (``NODE_LABELS``, ``NODE_LABELS_RESYNC``), the same way. The device plugin, which needs no
-API server otherwise, also gets ``--node-name`` and ``--kubeconfig`` here.
+API server otherwise, also gets ``--node-name`` here.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def positive_seconds(value: str) -> float:
 
 
 def add_flags(parser: argparse.ArgumentParser, *, api_access: bool = False) -> None:
-    """The label flags; ``api_access`` adds ``--node-name`` and ``--kubeconfig``."""
+    """The label flags; ``api_access`` adds ``--node-name`` (the caller adds ``--kubeconfig``
+    and ``--context``: :func:`dra_driver.cli.common.add_kubeconfig`)."""
     from dra_driver.cli import env_default
 
     parser.add_argument(
@@ -61,9 +62,4 @@ def add_flags(parser: argparse.ArgumentParser, *, api_access: bool = False) -> N
             "--node-name",
             default=env_default("NODE_NAME"),
             help="this node's name, for its labels (env NODE_NAME; unset = no labels)",
-        )
-        parser.add_argument(
-            "--kubeconfig",
-            default=env_default("KUBECONFIG"),
-            help="kubeconfig for the labels; default: in-cluster service account (env KUBECONFIG)",
         )

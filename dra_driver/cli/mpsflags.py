@@ -26,6 +26,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--pod-namespace",
+        "--namespace",
+        "-n",
+        dest="pod_namespace",
         default=env_default("POD_NAMESPACE", ""),
         help="the agent's namespace, where the MPS daemon Pods are created (env POD_NAMESPACE, "
         "from the downward API; needed with --mps-daemon-image)",

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         source = common.make_backend(args)
         _desired(source, args)  # bad flags or names fail before the server is asked
-        kube = client.KubeClient.connect(args.kubeconfig)
+        kube = client.KubeClient.connect(args.kubeconfig, context=args.context)
     except (common.UsageError, backend.DiscoveryError, build.BuildError) as exc:
         return common.fail(str(exc))
     except client.ConfigError as exc:

@@ -65,6 +65,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="print what the agent would publish to this cluster's API server: ask it (dry-run, "
         "nothing stored) which gated fields it keeps and leave out what it would drop",
     )
+    parser.add_argument(
+        "--context",
+        default=None,
+        help="as --kubeconfig, with this context of the kubeconfig kubectl would read "
+        "(--kubeconfig, else KUBECONFIG, else ~/.kube/config)",
+    )
     parser.add_argument("--output", "-o", choices=("yaml", "json"), default="yaml")
     parser.set_defaults(handler=run)
 
@@ -77,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         shareable = common.shareable_from(args)
         devices = common.make_backend(args).discover()
         kept = serverfeatures.ALL_KEPT
-        if args.kubeconfig:
+        if args.kubeconfig or args.context:
             kept = _server_keeps(args)
             refused = serverfeatures.refusal(
                 kept, gpus=devices.gpus, dynamic_mig=dynamic, shareable=shareable
@@ -115,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _server_keeps(args: argparse.Namespace) -> serverfeatures.Kept:
-    """Ask the API server of ``--kubeconfig`` which gated fields it keeps (one stderr line)."""
-    kube = client.KubeClient.connect(args.kubeconfig)
+    """Ask the API server of ``--kubeconfig`` (or ``--context``) which gated fields it keeps
+    (one stderr line)."""
+    kube = client.KubeClient.connect(args.kubeconfig, context=args.context)
     try:
         found = features.probe(kube, args.node_name, args.driver_name)
     finally:

@@ -97,8 +97,10 @@ class KubeClient:
         warm_connections: int | None = None,
         watch_silence_s: float = WATCH_SILENCE_S,
     ) -> KubeClient:
-        """From ``kubeconfig`` (or ``$KUBECONFIG``), else the in-cluster service account; the
-        connection settings are :meth:`__init__`'s."""
+        """From ``kubeconfig``, else kubectl's defaults (the ``$KUBECONFIG`` files merged,
+        ``~/.kube/config``, the in-cluster service account: :mod:`dra_driver.kube.configfiles`),
+        with ``context`` instead of the current one; the connection settings are
+        :meth:`__init__`'s."""
         api_client = clientconfig.api_client(
             kubeconfig, context, lean=lean, pool_size=max(connections, max_connections)
         )

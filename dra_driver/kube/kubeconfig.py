@@ -112,6 +112,14 @@ def in_cluster(
     )
 
 
+def in_cluster_namespace(root: Path = SERVICE_ACCOUNT) -> str | None:
+    """The pod's own namespace, as its service account states it (None outside a pod)."""
+    try:
+        return (root / "namespace").read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
 class ParseError(ValueError):
     """A kubeconfig's text is neither JSON nor YAML; ``where`` is `` at line L, column C`` when
     known, ``problem`` the parser's own words."""
@@ -141,26 +149,30 @@ def parse(text: str) -> Any:
         raise ParseError(problem, where) from exc
 
 
-def load(path: Path, context: str | None = None, *, doc: Any = None) -> Configuration | None:
+def load(
+    path: Path, context: str | None = None, *, doc: Any = None, where: str | None = None
+) -> Configuration | None:
     """The configuration of ``context`` (default: the current one) in the kubeconfig at
-    ``path`` (or in ``doc``, that file already parsed); None when it needs what only the
-    library does (see the module docstring)."""
+    ``path`` (or in ``doc``, that file already parsed, or several merged: ``where`` then names
+    them in messages); None when it needs what only the library does (see the module
+    docstring)."""
+    label = where or f"kubeconfig {path}"
     if doc is None:
         try:
             doc = parse(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"kubeconfig {path}: cannot read it: {exc}") from exc
+            raise ConfigError(f"{label}: cannot read it: {exc}") from exc
     if not isinstance(doc, dict):
-        raise ConfigError(f"kubeconfig {path}: not a kubeconfig (no mapping at the top)")
+        raise ConfigError(f"{label}: not a kubeconfig (no mapping at the top)")
     name = context or doc.get("current-context")
     if not name:
-        raise ConfigError(f"kubeconfig {path}: no current-context and no context given")
-    ctx = _named(doc, "contexts", name, "context", path)
-    cluster = _named(doc, "clusters", ctx.get("cluster"), "cluster", path)
-    user = _named(doc, "users", ctx.get("user"), "user", path) if ctx.get("user") else {}
+        raise ConfigError(f"{label}: no current-context and no context given")
+    ctx = _named(doc, "contexts", name, "context", label)
+    cluster = _named(doc, "clusters", ctx.get("cluster"), "cluster", label)
+    user = _named(doc, "users", ctx.get("user"), "user", label) if ctx.get("user") else {}
     server = str(cluster.get("server") or "")
     if not server:
-        raise ConfigError(f"kubeconfig {path}: cluster {ctx.get('cluster')!r} has no server")
+        raise ConfigError(f"{label}: cluster {ctx.get('cluster')!r} has no server")
     if set(user) & {"exec", "auth-provider", "username", "password"}:
         return None  # credential plugins and basic auth: the library's
     if cluster.get("proxy-url") or _env_proxy(server):
@@ -174,11 +186,11 @@ def load(path: Path, context: str | None = None, *, doc: Any = None) -> Configur
     return Configuration(
         host=server,
         ssl_ca_cert=file(cluster.get("certificate-authority")),
-        ca_cert_data=_decoded(cluster, "certificate-authority-data", path),
+        ca_cert_data=_decoded(cluster, "certificate-authority-data", label),
         cert_file=file(user.get("client-certificate")),
         key_file=file(user.get("client-key")),
-        cert_data=_raw(user, "client-certificate-data", path),
-        key_data=_raw(user, "client-key-data", path),
+        cert_data=_raw(user, "client-certificate-data", label),
+        key_data=_raw(user, "client-key-data", label),
         verify_ssl=not cluster.get("insecure-skip-tls-verify"),
         tls_server_name=cluster.get("tls-server-name") or None,
         token=str(user["token"]) if user.get("token") else None,
@@ -186,27 +198,27 @@ def load(path: Path, context: str | None = None, *, doc: Any = None) -> Configur
     )
 
 
-def _named(doc: dict[str, Any], section: str, name: Any, key: str, path: Path) -> dict[str, Any]:
+def _named(doc: dict[str, Any], section: str, name: Any, key: str, label: str) -> dict[str, Any]:
     for entry in doc.get(section) or ():
         if isinstance(entry, dict) and entry.get("name") == name:
             value = entry.get(key) or {}
             if isinstance(value, dict):
                 return value
-    raise ConfigError(f"kubeconfig {path}: no {key} named {name!r} in {section}")
+    raise ConfigError(f"{label}: no {key} named {name!r} in {section}")
 
 
-def _raw(entry: dict[str, Any], key: str, path: Path) -> bytes | None:
+def _raw(entry: dict[str, Any], key: str, label: str) -> bytes | None:
     value = entry.get(key)
     if not value:
         return None
     try:
         return base64.b64decode(str(value), validate=True)
     except ValueError as exc:
-        raise ConfigError(f"kubeconfig {path}: {key} is not base64: {exc}") from exc
+        raise ConfigError(f"{label}: {key} is not base64: {exc}") from exc
 
 
-def _decoded(entry: dict[str, Any], key: str, path: Path) -> str | None:
-    raw = _raw(entry, key, path)
+def _decoded(entry: dict[str, Any], key: str, label: str) -> str | None:
+    raw = _raw(entry, key, label)
     return raw.decode("ascii", errors="replace") if raw is not None else None
 
 

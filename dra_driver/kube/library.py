@@ -21,14 +21,21 @@ class LibraryConfigError(Exception):
     """The library could not load the configuration (its message)."""
 
 
-def api_client(path: Path | None, context: str | None, pool_size: int) -> Any:
-    """The library's ``ApiClient`` for the kubeconfig at ``path`` (else in-cluster)."""
+def api_client(
+    path: Path | None, context: str | None, pool_size: int, *, doc: dict[str, Any] | None = None
+) -> Any:
+    """The library's ``ApiClient`` for the kubeconfig at ``path`` (else in-cluster), or for
+    ``doc``, several kubeconfigs merged (their relative paths already made absolute)."""
     import kubernetes
     import urllib3
 
     configuration = kubernetes.client.Configuration()
     try:
-        if path is not None:
+        if doc is not None:
+            kubernetes.config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
+                config_dict=doc, context=context, client_configuration=configuration
+            )
+        elif path is not None:
             kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=str(path), context=context, client_configuration=configuration
             )

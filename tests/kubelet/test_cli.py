@@ -34,7 +34,7 @@ def test_environment_twins(monkeypatch: pytest.MonkeyPatch) -> None:
         "KUBELET_REGISTRY_DIR": "/r",
         "KUBELET_PLUGINS_DIR": "/p",
         "CDI_ROOT": "/c",
-        "KUBECONFIG": "/k",
+        "KUBECONFIG": "/k",  # read when connecting, as kubectl reads it: not a flag twin
         "DRIVER_ROOT": "/run/nvidia/driver",
         "FAKE_PROFILE": "dgx-h100",
         "PREPARE_SERIAL": "true",
@@ -52,7 +52,7 @@ def test_environment_twins(monkeypatch: pytest.MonkeyPatch) -> None:
         Path("/c"),
     )
     assert (s.kubeconfig, s.driver_root, s.fake, s.serial, s.cleanup_interval_s, s.dev_root) == (
-        Path("/k"),
+        None,
         Path("/run/nvidia/driver"),
         True,
         True,
