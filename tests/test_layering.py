@@ -155,8 +155,14 @@ def test_importing_the_core_loads_none_of_them(layer: str) -> None:
 # ---------------------------------------------------------------------- product and test kit
 KIT = "dra_driver.testing"
 # Who may use the kit: the kit itself and the demo (it runs the node pipeline against the
-# in-memory API server and the kubelet stand-in), through ``dra-driver demo``.
-KIT_USERS = ("dra_driver.testing", "dra_driver.demo", "dra_driver.cli.demo")
+# in-memory API server and the kubelet stand-in), through ``dra-driver demo``, and the
+# development stand-in cluster of ``dra-driver dev-cluster``.
+KIT_USERS = (
+    "dra_driver.testing",
+    "dra_driver.demo",
+    "dra_driver.cli.demo",
+    "dra_driver.cli.dev_cluster",
+)
 # What runs in a node agent or a controller: none of it may load the kit, not even indirectly.
 AGENT_ENTRIES = (
     "dra_driver.app",

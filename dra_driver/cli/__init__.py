@@ -28,6 +28,7 @@ SUMMARIES = {
     "claim": "print the ResourceClaim to write for N well-connected GPUs",
     "capacity": "how many N-GPU claims the cluster still fits, and how many on optimal sets",
     "demo": "run the whole node pipeline on fake GPUs (no cluster, no GPU needed)",
+    "dev-cluster": "a development stand-in cluster: in-memory API server, fake nodes, real agents",
     "kubelet-plugin": "run the node agent: kubelet DRA plugin and slice publisher",
     "device-plugin": "serve nvidia.com/gpu through the kubelet device plugin API",
     "fake-event": "make a fake GPU of a running node agent fail or recover (fake nodes)",

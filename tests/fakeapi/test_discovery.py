@@ -125,3 +125,38 @@ def test_self_subject_access_reviews() -> None:
         assert status == 422 and "resourceAttributes" in body["message"]
     with fakeserver.FakeApiServer(access_reviews=False) as server:
         assert _call(server, "POST", path, review)[0] == 404
+
+
+def test_kubectl_discovery_documents_list_what_is_served() -> None:
+    """``/api``, ``/apis`` and the resource lists kubectl reads before ``kubectl get``."""
+    with fakeserver.FakeApiServer() as server:
+        status, versions = _call(server, "GET", "/api")
+        assert (status, versions["kind"], versions["versions"]) == (200, "APIVersions", ["v1"])
+        status, groups = _call(server, "GET", "/apis")
+        assert status == 200 and groups["kind"] == "APIGroupList"
+        named = {g["name"]: g["preferredVersion"]["groupVersion"] for g in groups["groups"]}
+        assert named["resource.k8s.io"] == "resource.k8s.io/v1"
+        assert named["coordination.k8s.io"] == "coordination.k8s.io/v1"
+        status, listed = _call(server, "GET", "/apis/resource.k8s.io/v1")
+        assert status == 200 and listed["groupVersion"] == "resource.k8s.io/v1"
+        by_name = {r["name"]: r for r in listed["resources"]}
+        assert by_name["resourceslices"]["kind"] == "ResourceSlice"
+        assert by_name["resourceslices"]["namespaced"] is False
+        assert {"list", "watch", "get"} <= set(by_name["resourceslices"]["verbs"])
+        assert by_name["resourceclaims"]["namespaced"] is True
+        assert "resourceclaimtemplates" in by_name
+        status, core = _call(server, "GET", "/api/v1")
+        assert status == 200 and core["groupVersion"] == "v1"
+        assert {r["name"] for r in core["resources"]} == {"nodes", "pods"}
+        # Every resource a list names answers a LIST where it says so (no list of a 404).
+        for resource in by_name.values():
+            if "list" in resource["verbs"] and not resource["namespaced"]:
+                assert (
+                    _call(server, "GET", f"/apis/resource.k8s.io/v1/{resource['name']}")[0] == 200
+                )
+        assert _call(server, "GET", "/apis/resource.k8s.io/v1beta1")[0] == 404
+        assert _call(server, "GET", "/apis/example.com/v1")[0] == 404
+    with fakeserver.FakeApiServer(served_versions=()) as server:
+        _, groups = _call(server, "GET", "/apis")
+        assert "resource.k8s.io" not in {g["name"] for g in groups["groups"]}
+        assert _call(server, "GET", "/apis/resource.k8s.io/v1")[0] == 404

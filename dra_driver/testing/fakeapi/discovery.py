@@ -12,6 +12,12 @@ when ``v1`` is not served. The fake has no authorizer: every review is allowed e
 ``(verb, resource)`` pairs it was told to deny; or, told to, it serves no access reviews (404,
 as a server whose authorization API is off or behind a proxy that filters it).
 
+It also serves the legacy discovery documents kubectl reads before ``kubectl get`` (``/api``,
+``/apis``, ``/api/v1``, ``/apis/<group>/<version>``: what resources there are, their kinds,
+scopes and verbs), listing the resources the fake actually serves, so that kubectl can be
+pointed at ``dra-driver dev-cluster``. Aggregated discovery is not served: kubectl then falls
+back to these.
+
 Test kit: nothing in the driver imports this module.
 """
 
@@ -21,12 +27,37 @@ from collections.abc import Iterable
 from typing import Any
 
 from dra_driver import records
-from dra_driver.kube import api
+from dra_driver.kube import api, objects
 
 GROUP = "resource.k8s.io"
 # Highest priority first, as kube-apiserver lists a group's versions.
 KNOWN_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
 REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+_ALL_VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
+# (group, version, plural, kind, namespaced, verbs): the resthandler's own routes, then the
+# generic kinds every store serves (:mod:`.objectroutes`).
+RESOURCES: tuple[tuple[str, str, str, str, bool, tuple[str, ...]], ...] = (
+    ("", "v1", "nodes", "Node", False, ("get", "patch")),
+    (
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+        False,
+        ("create",),
+    ),
+    (
+        GROUP,
+        "v1",
+        "resourceslices",
+        "ResourceSlice",
+        False,
+        ("create", "delete", "get", "list", "update", "watch"),
+    ),
+    (GROUP, "v1", "resourceclaims", "ResourceClaim", True, ("create", "get", "list", "patch")),
+    (GROUP, "v1", "deviceclasses", "DeviceClass", False, ("create", "get")),
+    *((k.group, k.version, k.plural, k.kind, k.namespaced, _ALL_VERBS) for k in objects.KINDS),
+)
 
 
 @records.record
@@ -97,3 +128,56 @@ class Served:
             "spec": {"resourceAttributes": attrs},
             "status": status,
         }
+
+    def api_versions(self, server_address: str) -> dict[str, Any]:
+        """``GET /api``: the core group's versions."""
+        return {
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}
+            ],
+        }
+
+    def api_group_list(self) -> dict[str, Any]:
+        """``GET /apis``: every named group served, its versions preferred first."""
+        groups: dict[str, list[str]] = {}
+        for group, version, *_ in RESOURCES:
+            if group and self._served(group, version):
+                groups.setdefault(group, [])
+                if version not in groups[group]:
+                    groups[group].append(version)
+        if self.versions:
+            groups[GROUP] = list(self.versions)
+        listed = []
+        for name, versions in groups.items():
+            entries = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
+            listed.append({"name": name, "versions": entries, "preferredVersion": entries[0]})
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": listed}
+
+    def resource_list(self, group: str, version: str) -> dict[str, Any]:
+        """``GET /api/v1`` or ``/apis/<group>/<version>``: the resources served there."""
+        if not self._served(group, version) and not (group == GROUP and version in self.versions):
+            raise api.NotFound("the server could not find the requested resource")
+        resources = [
+            {
+                "name": plural,
+                "singularName": kind.lower(),
+                "namespaced": namespaced,
+                "kind": kind,
+                "verbs": list(verbs),
+            }
+            for g, v, plural, kind, namespaced, verbs in RESOURCES
+            if (g, v) == (group, version)
+        ]
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": resources,
+        }
+
+    def _served(self, group: str, version: str) -> bool:
+        if group == GROUP:
+            return version in self.versions
+        return any((g, v) == (group, version) for g, v, *_ in RESOURCES)

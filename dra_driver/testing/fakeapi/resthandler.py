@@ -3,11 +3,11 @@
 Why it exists: the listening side (:mod:`.httpserver`) and the server object tests start
 (:mod:`.fakeserver`) do not care what a request asks; this module does. It routes the paths the
 driver uses (ResourceSlices with field selectors, list or chunked watch; ResourceClaims and
-their status apply patches; Node merge patches; DeviceClasses; ``/version``, API discovery and
-access reviews) to :class:`~dra_driver.testing.fakeapi.memory.InMemoryApi`, hands every other
-kind to :mod:`.objectroutes`, and answers like kube-apiserver: JSON bodies, ``Status`` objects
-with the right reason and code for errors, ``dryRun=All`` honoured where the fake supports it,
-and a dropped connection for an injected "unreachable".
+their status apply patches; Node merge patches; DeviceClasses; ``/version``, API discovery
+(kubectl's too) and access reviews) to :class:`~dra_driver.testing.fakeapi.memory.InMemoryApi`,
+hands every other kind to :mod:`.objectroutes`, and answers like kube-apiserver: JSON bodies,
+``Status`` objects with the right reason and code for errors, ``dryRun=All`` honoured where the
+fake supports it, and a dropped connection for an injected "unreachable".
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ _ROUTES: list[tuple[str, re.Pattern[str]]] = [
     ("classes", re.compile(rf"^{_GROUP}/deviceclasses$")),
     ("version", re.compile(r"^/version$")),
     ("group", re.compile(rf"^/apis/{discovery.GROUP}/?$")),
+    ("apiversions", re.compile(r"^/api/?$")),
+    ("groups", re.compile(r"^/apis/?$")),
+    ("resources", re.compile(r"^/api/(v1)/?$|^/apis/([^/]+)/([^/]+)/?$")),
     ("review", re.compile(rf"^{discovery.REVIEW_PATH}$")),
     ("stats", re.compile(r"^/fakeapi/stats$")),
     ("requests", re.compile(r"^/fakeapi/requests$")),
@@ -206,6 +209,15 @@ class RequestHandler(http.server.BaseHTTPRequestHandler):
             self._json(200, VERSION)
         elif route == "group" and method == "GET":
             self._json(200, self.server.served.api_group())
+        elif route == "apiversions" and method == "GET":
+            host, port = self.server.server_address[:2]
+            self._json(200, self.server.served.api_versions(f"{host!s}:{port}"))
+        elif route == "groups" and method == "GET":
+            self._json(200, self.server.served.api_group_list())
+        elif route == "resources" and method == "GET":
+            core, group, version = args
+            served = self.server.served
+            self._json(200, served.resource_list(group or "", version or core))
         elif route == "review" and method == "POST":
             self._json(201, self.server.served.access_review(body))
         elif route == "stats" and method == "GET":
