@@ -3,8 +3,9 @@
 Starts the test kit's in-memory API server over HTTPS with ``--nodes`` fake GPU nodes, each
 running the real node agent as its own process (:mod:`dra_driver.testing.devcluster`), writes a
 kubeconfig for it, prints how to use it (kubectl, ``doctor``, ``capacity``, ``simulate
---slices``, the kubelet stand-in), and runs until Ctrl-C or SIGTERM, then stops the agents and
-the server and removes what it made. A development stand-in, not Kubernetes, and it says so.
+--slices``, the kubelet stand-in), allocates the ResourceClaims created in it (a scheduler
+stand-in), and runs until Ctrl-C or SIGTERM, then stops the agents and the server and removes
+what it made. A development stand-in, not Kubernetes, and it says so.
 Exit codes: 0 stopped by a signal; 1 an agent died while it ran; 2 it cannot start.
 """
 
@@ -33,7 +34,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "dev-cluster",
         help=cli.SUMMARIES["dev-cluster"],
         description="A development stand-in, not Kubernetes: the test kit's in-memory API "
-        "server over HTTPS (no scheduler, kubelet or controllers; nothing persisted) with N "
+        "server over HTTPS (no kubelet or controllers, a scheduler stand-in for ResourceClaims "
+        "only; nothing persisted) with N "
         "fake GPU nodes, each running the real node agent. It writes a kubeconfig, prints how "
         "to use it, and runs until Ctrl-C or SIGTERM. Exit codes: 0 stopped by a signal; 1 an "
         "agent died while it ran; 2 it cannot start.",
@@ -123,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
         started = True
         describe(cluster, args, sys.stdout)
         while not stop.wait(0.5):
+            for line in cluster.schedule():
+                print(f"dra-driver dev-cluster: {line}", file=sys.stderr, flush=True)
             dead = cluster.dead()
             if dead:
                 names = ", ".join(f"{name} (exit code {code})" for name, code in dead)
@@ -155,8 +159,8 @@ def describe(cluster: DevCluster, args: argparse.Namespace, out: TextIO) -> None
     first = cluster.nodes[0]
     lines = [
         "A DEVELOPMENT STAND-IN, not a Kubernetes cluster: the test kit's in-memory API server",
-        "(no scheduler, no kubelet, no controllers; nothing persisted), with fake GPU nodes each",
-        "running the real node agent.",
+        "(no kubelet, no controllers, a scheduler stand-in for ResourceClaims only; nothing",
+        "persisted), with fake GPU nodes each running the real node agent.",
         "",
         f"API server:  {cluster.url} (TLS with client certificates)",
         f"kubeconfig:  {kubeconfig}",
@@ -179,6 +183,8 @@ def describe(cluster: DevCluster, args: argparse.Namespace, out: TextIO) -> None
         "  kubectl get resourceslices -o yaml > slices.yaml",
         "  dra-driver simulate deployments/examples/two-best-gpus.yaml --slices slices.yaml "
         f"--node-name {first.name}",
+        "  # a claim: the scheduler stand-in here allocates it and prints how to prepare it",
+        "  dra-driver claim --gpus 2 | kubectl create --validate=false -f -",
         "  # the kubelet stand-in (dra_driver/testing/kubeletsim.py) on an agent's sockets:",
         f"  python -m dra_driver.testing.kubeletcli --registry-dir {first.agent.registry_dir} info",
         "",

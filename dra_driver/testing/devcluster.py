@@ -6,9 +6,10 @@ server, and a newcomer has none at hand. This puts together what the tests and t
 benchmark already use: :class:`~dra_driver.testing.fakeapi.fakeserver.FakeApiServer` with a
 throw-away CA (client certificates, as a real API server authenticates agents), one Node object
 per node, the driver's DeviceClasses, and per node ``dra-driver kubelet-plugin`` on a fake GPU
-profile, publishing its ResourceSlices over the real client. It is test kit, not Kubernetes:
-no scheduler, no kubelet, no controllers, nothing persisted, and only the API paths the driver
-and kubectl's discovery use.
+profile, publishing its ResourceSlices over the real client. A scheduler stand-in
+(:meth:`DevCluster.schedule`) allocates the ResourceClaims created in it, so the kubelet
+stand-in can prepare them. It is test kit, not Kubernetes: no kubelet, no controllers, nothing
+persisted, and only the API paths the driver and kubectl's discovery use.
 
 The agents run in sessions of their own, so a terminal's Ctrl-C reaches only the command, which
 stops them in order (SIGTERM, then SIGKILL past a deadline) and removes its directory unless it
@@ -93,6 +94,7 @@ class DevCluster:
         self._agent_args = tuple(agent_args)
         self.server: fakeserver.FakeApiServer | None = None
         self.nodes: list[Node] = []
+        self._unfit: set[str] = set()  # claims the scheduler stand-in found to fit nowhere
 
     @property
     def url(self) -> str:
@@ -183,6 +185,58 @@ class DevCluster:
     def slices(self) -> list[dict[str, Any]]:
         assert self.server is not None
         return self.server.api.all_resource_slices()
+
+    def schedule(self) -> list[str]:
+        """The scheduler stand-in: every ResourceClaim without an allocation gets one on the
+        first node where it fits (the structured-parameters allocator that ``simulate`` runs,
+        :mod:`dra_driver.allocation.allocator`), reserved for a made-up Pod, as kube-scheduler
+        would write it. One line per claim allocated, or found to fit nowhere (said once)."""
+        from dra_driver.allocation import allocator, claim, pools, simulator
+
+        assert self.server is not None
+        api = self.server.api
+        every, _ = api.list_resource_claims(None)
+        done = [c for c in every if (c.get("status") or {}).get("allocation")]
+        pending = [c for c in every if c not in done and c["metadata"]["uid"] not in self._unfit]
+        if not pending:
+            return []
+        slices = api.all_resource_slices()
+        used = pools.allocated_ids([c["status"]["allocation"]["devices"] for c in done])
+        classes = simulator.builtin_classes(driver_name=self.driver_name)
+        lines = []
+        for obj in pending:
+            meta = obj["metadata"]
+            ref = f"{meta['namespace']}/{meta['name']}"
+            why = "no node"
+            for node in self.nodes:
+                try:
+                    outcome = allocator.allocate(
+                        obj, slices=slices, classes=classes, node_name=node.name, allocated=used
+                    )
+                except (claim.ClaimError, pools.SliceError) as exc:
+                    why = str(exc)
+                    break
+                if outcome.allocation is None:
+                    why = next(iter(outcome.explanation), why)
+                    continue
+                used |= pools.allocated_ids([outcome.allocation["devices"]])
+                pod = {"resource": "pods", "name": f"{meta['name']}-pod", "uid": str(uuid.uuid4())}
+                status = {"allocation": outcome.allocation, "reservedFor": [pod]}
+                api.put_resource_claim({**obj, "status": status})
+                devices = ", ".join(r["device"] for r in outcome.allocation["devices"]["results"])
+                lines.append(
+                    f"scheduler stand-in: allocated ResourceClaim {ref} on {node.name}: {devices}; "
+                    f"the kubelet stand-in prepares it with: python -m "
+                    f"dra_driver.testing.kubeletcli --registry-dir {node.agent.registry_dir} "
+                    f"prepare {ref} --uid {meta['uid']}"
+                )
+                break
+            else:
+                why = f"fits no node ({why})"
+            if not any(ref in line for line in lines):
+                self._unfit.add(meta["uid"])
+                lines.append(f"scheduler stand-in: cannot allocate ResourceClaim {ref}: {why}")
+        return lines
 
     def dead(self) -> list[tuple[str, int]]:
         """Nodes whose agent has exited, with its exit code."""

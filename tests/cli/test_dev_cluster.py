@@ -17,7 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from dra_driver.kube import client, objectclient, objects
+
+CLAIMS = objects.Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
 START_S = 150.0  # three agents starting at once on a loaded 2-core machine
 
 
@@ -53,6 +57,15 @@ class Running:
             assert time.monotonic() < deadline, self.err_path.read_text()
             time.sleep(0.2)
         return self.out_path.read_text()
+
+    def wait_for_err(self, pattern: str) -> re.Match[str]:
+        deadline = time.monotonic() + 60
+        while True:
+            found = re.search(pattern, self.err_path.read_text())
+            if found:
+                return found
+            assert time.monotonic() < deadline, self.err_path.read_text()
+            time.sleep(0.2)
 
     def cli(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -133,6 +146,43 @@ def test_doctor_and_capacity_against_it_then_sigint_stops_everything(
     )
     assert info.returncode == 0, info.stderr
     assert info.stdout.startswith("plugin gpu.nvidia.com: endpoint ")
+    # A claim created over the API: the scheduler stand-in allocates it, the kubelet stand-in
+    # prepares it on the real agent (CDI devices), then unprepares it.
+    claim = running.cli("claim", "--gpus", "2", "--name", "two", "--namespace", "default")
+    assert claim.returncode == 0, claim.stderr
+    kube = client.KubeClient.connect(path)
+    try:
+        created = objectclient.ObjectClient(kube).create(CLAIMS, yaml.safe_load(claim.stdout))
+    finally:
+        kube.close()
+    prepare = running.wait_for_err(
+        r"kubeletcli --registry-dir (\S+) prepare default/two --uid (\S+)"
+    )
+    assert prepare.group(2) == created["metadata"]["uid"]
+    assert "allocated ResourceClaim default/two on node-" in running.err_path.read_text()
+    for verb in ("prepare", "unprepare"):
+        kubelet = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dra_driver.testing.kubeletcli",
+                "--registry-dir",
+                prepare.group(1),
+                verb,
+                "default/two",
+                "--uid",
+                prepare.group(2),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=running.env,
+        )
+        assert kubelet.returncode == 0, kubelet.stderr
+        assert kubelet.stdout.splitlines()[-1] == f"{verb}d default/two"
+        if verb == "prepare":
+            cdi = [line for line in kubelet.stdout.splitlines() if ": CDI " in line]
+            assert len(cdi) == 2, kubelet.stdout
     kubectl = shutil.which("kubectl")
     if kubectl is not None:  # not everywhere; where it is, it must accept what is served
         got = subprocess.run(
