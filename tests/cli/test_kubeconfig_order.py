@@ -98,6 +98,20 @@ def test_kubeconfig_list_merges_first_file_wins(servers: tuple[str, str], tmp_pa
     listed = f"{tmp_path}/missing:{first}:{second}"
     assert server_used(run(home, "doctor", KUBECONFIG=listed)) == one
     assert server_used(run(home, "doctor", "--context", "other", KUBECONFIG=listed)) == two
+    # slices asks the server when given --context (the kubeconfig found as kubectl finds it).
+    proc = run(
+        home,
+        "slices",
+        "--node-name",
+        "n1",
+        "--fake",
+        "pcie-l4",
+        "--context",
+        "other",
+        KUBECONFIG=listed,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith(f"API server {two} ("), proc.stderr
     proc = run(home, "capacity", "--context", "other", KUBECONFIG=listed)
     assert proc.returncode == 0, proc.stderr  # an empty cluster: no nodes, nothing fits
 

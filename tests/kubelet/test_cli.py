@@ -163,3 +163,11 @@ def test_gpu_sets_flag_and_env_twin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPU_SETS", "false")
     assert parse(["--node-name", "n1"]).gpu_sets is False
     assert parse(["--node-name", "n1", "--gpu-sets"]).gpu_sets is True
+
+
+def test_context_and_namespace_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubectl's spellings: ``--context`` reaches the client; ``-n`` is the pod namespace."""
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    s = parse(["--node-name", "n1", "--context", "staging", "-n", "gpu-system"])
+    assert (s.kube_context, s.pod_namespace) == ("staging", "gpu-system")
+    assert parse(["--node-name", "n1", "--namespace", "x"]).pod_namespace == "x"
