@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
-from dra_driver import logs
+from dra_driver import agentparts, logs
 from dra_driver.devices import holdings
-from dra_driver.kube import api, client, impersonation
+from dra_driver.kube import api, client, impersonation, objectclient
 from dra_driver.kube.objectclient import ObjectClient
 from dra_driver.kube.objects import PODS
+from dra_driver.pluginsettings import PluginSettings
 from dra_driver.slices import allocwatch
 from dra_driver.slices.pubtypes import Backoff
 from dra_driver.testing.fakeapi import fakeserver, memory
@@ -141,3 +142,32 @@ def test_a_refused_impersonation_is_one_error_naming_what_is_missing(
     assert len(errors) == 1, captured
     assert "1.36" in errors[0]["hint"] and "allocationSource=pods" in errors[0]["hint"]
     assert "associated-node" in errors[0]["error"]
+
+
+@pytest.mark.parametrize("source", ["node", "pods"])
+def test_the_agent_reads_pods_with_the_identity_its_source_names(
+    mem: memory.InMemoryApi, tmp_path: Path, source: str
+) -> None:
+    """Against a server whose RBAC is the default chart's (the token reads no Pod outside the
+    driver's namespace), the agent's default source reads its node's Pods and ``pods`` (the
+    agent's own identity) is refused; a server that grants ``pods`` lets that one through."""
+    bind_pod(mem, "mine", {})
+    settings = PluginSettings(node_name="n1", allocation_source=source)
+    for chart_rbac in (True, False):
+        with fakeserver.FakeApiServer(
+            mem, bound_node="n1", pod_namespaces=("dra-driver",) if chart_rbac else None
+        ) as srv:
+            kube = client.KubeClient.connect(srv.write_kubeconfig(tmp_path / "kubeconfig"))
+            try:
+                objects = objectclient.objects_for(agentparts._pod_reader(settings, kube))
+                if source == "pods" and chart_rbac:
+                    with pytest.raises(api.ApiError) as err:
+                        objects.list(PODS, field_selector="spec.nodeName=n1")
+                    assert err.value.status == 403
+                else:
+                    items, _ = objects.list(PODS, field_selector="spec.nodeName=n1")
+                    assert [p["metadata"]["name"] for p in items] == ["mine"]
+            finally:
+                kube.close()
+    with pytest.raises(ValueError, match="unknown allocation source"):
+        agentparts._pod_reader(PluginSettings(node_name="n1", allocation_source="x"), kube)

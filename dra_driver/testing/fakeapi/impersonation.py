@@ -37,16 +37,21 @@ def check(
     path: str,
     query: Mapping[str, str],
     bound_node: str | None,
+    pod_namespaces: frozenset[str] | None = None,
 ) -> None:
     """Raise 403 (Forbidden) unless the request is not impersonated, or is one the real server
     allows an agent acting as its node; ``bound_node``: the node the server's token is bound to
-    (None: any node, a token whose binding the test does not care about)."""
+    (None: any node, a token whose binding the test does not care about); ``pod_namespaces``:
+    where the token may read Pods with its own identity, as the default chart's RBAC grants
+    (the driver's namespace; None: anywhere, a token whose RBAC the test does not model)."""
     sent = [(name.lower(), value) for name, value in headers]
     user = next((value for name, value in sent if name == "impersonate-user"), None)
     others = [n for n, _ in sent if n.startswith("impersonate-") and n != "impersonate-user"]
     if user is None:
         if others:
             raise api.ApiError(400, "impersonation headers without Impersonate-User")
+        if pod_namespaces is not None and method == "GET":
+            _own_pod_read(path, pod_namespaces)
         return
     if others:
         raise _forbidden(
@@ -73,6 +78,18 @@ def check(
             f'pods is forbidden: User "{user}" cannot {verb} resource "pods": can only '
             "list/watch pods with spec.nodeName field selector"
         )
+
+
+def _own_pod_read(path: str, namespaces: frozenset[str]) -> None:
+    """Refuse a Pod read outside ``namespaces`` (the RBAC authorizer's answer to the token)."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] != ["api", "v1"]:
+        return
+    if parts[2:3] == ["pods"]:
+        raise _forbidden('pods is forbidden: cannot list resource "pods" at the cluster scope')
+    in_namespace = len(parts) >= 5 and parts[2] == "namespaces" and parts[4] == "pods"
+    if in_namespace and parts[3] not in namespaces:
+        raise _forbidden(f'pods is forbidden: cannot read resource "pods" in "{parts[3]}"')
 
 
 def _attributes(method: str, path: str, query: Mapping[str, str]) -> tuple[str, str]:

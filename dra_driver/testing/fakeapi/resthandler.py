@@ -131,6 +131,7 @@ class RequestHandler(http.server.BaseHTTPRequestHandler):
                 path=parsed.path,
                 query=query,
                 bound_node=self.server.bound_node,
+                pod_namespaces=self.server.pod_namespaces,
             )
             self.server.served.check_path(parsed.path)
             for route, pattern in _ROUTES:
