@@ -258,7 +258,8 @@ def run_design(
     mem = memory.InMemoryApi(use_default_cel=False)
     mem.put_node(NODE, uid="uid-" + NODE)
     mem.put_namespace(NAMESPACE)
-    server = fakeserver.FakeApiServer(mem).start()
+    # The agent reads Pods only as NODE: its own token reads none outside its namespace (chart).
+    server = fakeserver.FakeApiServer(mem, bound_node=NODE, pod_namespaces=("dra-driver",)).start()
     warm = _pod("warm-up")  # the fake server builds its Pod schema validator on first use
     warm["spec"]["nodeName"] = "elsewhere"
     mem.objects.create(PODS, warm)

@@ -35,11 +35,11 @@ from dra_driver.driver import (
 from dra_driver.driver import driver as driver_mod
 from dra_driver.driver import mig as mig_mod
 from dra_driver.kube import api as kube
-from dra_driver.kube import objectclient
+from dra_driver.kube import client, impersonation, objectclient
 from dra_driver.nodelabels import agent as nodelabels
 from dra_driver.nodelabels import compute as labels_compute
 from dra_driver.nodeparts import gpu_control_for, mps_daemons_for, mps_root
-from dra_driver.pluginsettings import PluginSettings
+from dra_driver.pluginsettings import ALLOCATION_SOURCES, PluginSettings
 from dra_driver.slices import allocwatch, leader, nodepublisher, serverfeatures
 
 if TYPE_CHECKING:
@@ -253,7 +253,7 @@ def start_allocation_watch(
     if not (settings.publish and settings.gpu_sets and settings.watch_allocations):
         return None
     try:
-        objects = objectclient.objects_for(api)
+        objects = objectclient.objects_for(_pod_reader(settings, api))
     except ValueError as exc:
         log.warning("cannot watch this node's pods; set ranks follow prepares only", error=str(exc))
         return None
@@ -271,7 +271,19 @@ def start_allocation_watch(
         gpus_of=gpus_of,
         log=log.bind(component="allocation-watch"),
         watch_timeout_s=settings.watch_timeout_s,
+        acting_as_node=settings.allocation_source == "node" and isinstance(api, client.KubeClient),
     )
+
+
+def _pod_reader(settings: PluginSettings, api: kube.KubeApi) -> object:
+    """The connection the allocation watch reads Pods through: one acting as this node
+    (``allocation_source`` "node", docs/security.md) over HTTP, else ``api`` itself (the agent's
+    own identity; an in-process fake has no identities)."""
+    if settings.allocation_source not in ALLOCATION_SOURCES:
+        raise ValueError(f"unknown allocation source {settings.allocation_source!r}")
+    if settings.allocation_source == "node" and isinstance(api, client.KubeClient):
+        return impersonation.as_node(api, settings.node_name)
+    return api
 
 
 def start_node_labels(

@@ -22,6 +22,9 @@ from dra_driver.driver import checkpoint
 from dra_driver.kubelet import server
 from dra_driver.slices import shares
 
+# How the allocation watch reads this node's Pods (--allocation-source, docs/security.md).
+ALLOCATION_SOURCES = ("node", "pods")
+
 
 @records.record
 class PluginSettings:
@@ -58,6 +61,9 @@ class PluginSettings:
     # Ranks follow the claims allocated on this node, not only the prepared ones: a watch of
     # the node's Pods (--watch-allocations, docs/topology.md).
     watch_allocations: bool = True
+    # ... read as this node ("node": constrained impersonation, only this node's Pods) or with
+    # the agent's own identity ("pods": cluster-wide Pod reads); docs/security.md.
+    allocation_source: str = "node"
     mps_check_interval_s: float = 10.0  # how often dead MPS daemons are looked for (0 = never)
     mps_daemon_image: str = ""  # set: MPS control daemons run in Pods of this image (sharing.md)
     pod_namespace: str = ""  # the agent's namespace (POD_NAMESPACE): where those Pods are made

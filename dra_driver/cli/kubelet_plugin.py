@@ -18,6 +18,7 @@ from dra_driver.cli import cdflags, common, healthflags, labelflags, mpsflags
 from dra_driver.devices import backend
 from dra_driver.driver import checkpoint
 from dra_driver.kubelet import server
+from dra_driver.pluginsettings import ALLOCATION_SOURCES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -167,6 +168,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "name (needs list/watch of pods; env WATCH_ALLOCATIONS; default true; "
         "docs/topology.md)",
     )
+    parser.add_argument(
+        "--allocation-source",
+        choices=ALLOCATION_SOURCES,
+        default=env_default("ALLOCATION_SOURCE", "node"),
+        help="how the allocation watch reads this node's Pods: 'node' acts as this node "
+        "(constrained impersonation, Kubernetes 1.36+: the server lets it read only this "
+        "node's Pods, as the kubelet); 'pods' uses the agent's own identity (needs list/watch "
+        "of every Pod in the cluster; env ALLOCATION_SOURCE; default node; docs/security.md)",
+    )
     health_server.add_flags(parser)
     healthflags.add_flags(parser)
     labelflags.add_flags(parser)
@@ -221,6 +231,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         shareable=common.shareable_from(args),
         gpu_sets=common.gpu_sets_from(args),
         watch_allocations=args.watch_allocations,
+        allocation_source=args.allocation_source,
         mps_check_interval_s=args.mps_check_interval,
         gpu_metrics_interval_s=args.gpu_metrics_interval,
         compute_domains=cdflags.settings_from(args),

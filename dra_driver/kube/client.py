@@ -54,6 +54,7 @@ class KubeClient:
         keepalive_s: float = 0.0,
         warm_connections: int | None = None,
         watch_silence_s: float = WATCH_SILENCE_S,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """``api_client``: the library's ``ApiClient``, or a lean configuration's stand-in
         (:meth:`connect` picks); ``lean=False`` sends every request through the library (as
@@ -69,6 +70,7 @@ class KubeClient:
         self._client = api_client
         self._timeout = (min(5.0, timeout_s), timeout_s)
         self._watch_silence_s = watch_silence_s
+        self._headers = headers  # on every request (:meth:`with_headers`)
         configuration = api_client.configuration
         self._transport = (
             transport.from_configuration(
@@ -76,6 +78,7 @@ class KubeClient:
                 timeouts=self._timeout,
                 proxied=library.proxied(configuration),
                 max_idle=max(connections, max_connections),
+                headers=headers,
             )
             if lean
             else None
@@ -113,6 +116,17 @@ class KubeClient:
             keepalive_s=keepalive_s,
             warm_connections=warm_connections,
             watch_silence_s=watch_silence_s,
+        )
+
+    def with_headers(self, headers: tuple[tuple[str, str], ...]) -> KubeClient:
+        """A client on the same configuration (its own connections) that sends ``headers``
+        on every request, e.g. ``Impersonate-User`` (:mod:`dra_driver.kube.impersonation`)."""
+        return KubeClient(
+            self._client,
+            timeout_s=self._timeout[1],
+            lean=self._transport is not None,
+            watch_silence_s=self._watch_silence_s,
+            headers=headers,
         )
 
     def close(self) -> None:
@@ -322,6 +336,7 @@ class KubeClient:
             body=body,
             timeout=timeout or self._timeout,
             content_type=content_type,
+            headers=self._headers,
         )
         if not 200 <= response.status < 300:
             try:

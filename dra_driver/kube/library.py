@@ -73,21 +73,22 @@ def request(
     body: api.Obj | str | None,
     timeout: tuple[float, float],
     content_type: str,
+    headers: tuple[tuple[str, str], ...] = (),
 ) -> Any:
     """Send through ``client`` (an ``ApiClient``); the urllib3 response, any status, its
     body unread. Unreachable: :class:`~dra_driver.kube.api.ApiError` with status 0."""
     import kubernetes
     import urllib3
 
-    headers = {"Accept": "application/json"}
+    sent = {"Accept": "application/json", **dict(headers)}
     if body is not None:
-        headers["Content-Type"] = content_type
+        sent["Content-Type"] = content_type
     try:
         serialized = client.param_serialize(
             method,
             path,
             query_params=query or [],
-            header_params=headers,
+            header_params=sent,
             body=body,
             auth_settings=_AUTH,
         )

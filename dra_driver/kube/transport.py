@@ -52,6 +52,7 @@ def from_configuration(
     timeouts: tuple[float, float],
     max_idle: int = 32,
     proxied: bool | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
 ) -> Transport | None:
     """A transport for a ``kubernetes.client.Configuration``; None when the server is reached
     through a proxy (``proxied``; default: whenever the configuration names one)."""
@@ -92,7 +93,9 @@ def from_configuration(
         setting = configuration.auth_settings().get("BearerToken")
         return str(setting["value"]) if setting and setting.get("value") else None
 
-    return Transport(endpoint, authorization=authorization, timeouts=timeouts, max_idle=max_idle)
+    return Transport(
+        endpoint, authorization=authorization, timeouts=timeouts, max_idle=max_idle, headers=headers
+    )
 
 
 class Transport:
@@ -115,6 +118,7 @@ class Transport:
         authorization: Callable[[], str | None] = lambda: None,
         timeouts: tuple[float, float] = (5.0, 10.0),
         max_idle: int = 32,
+        headers: tuple[tuple[str, str], ...] = (),  # sent on every request (impersonation)
     ) -> None:
         self.endpoint = endpoint
         self._authorization = authorization
@@ -127,7 +131,7 @@ class Transport:
         self._head = (
             f"HTTP/1.1\r\nHost: {endpoint.host_header}\r\nAccept: application/json\r\n"
             f"User-Agent: dra-driver/{__version__}\r\n"
-        )
+        ) + "".join(f"{name}: {value}\r\n" for name, value in headers)
         self._open = 0  # connections open: idle or in use
         self._keeper: threading.Thread | None = None
         self.connections_opened = 0

@@ -12,10 +12,21 @@ each claim the pod names (a GET, which it already may do) and marks the GPUs the
 in this driver's pool on this node. A claim stops counting when no live Pod of the node names it
 any more (the pod deleted before it started, or finished): its GPUs are free in the ranks again.
 
+Whose identity reads the Pods: by default the node's (``acting_as_node``; the connection sends
+``Impersonate-User: system:node:<node>``, :mod:`dra_driver.kube.impersonation`): kube-apiserver
+1.36 then lets the agent list and watch only this node's Pods, as its kubelet may, where the
+agent's own ServiceAccount would need ``list``/``watch`` on every Pod of the cluster (RBAC cannot
+express the field selector; docs/security.md). A 403 there is logged once as an error naming
+what the cluster lacks; the ranks follow prepares until the watch is allowed.
+
 Why Pods and not a watch of ResourceClaims: claims have no field selector for the node they are
 allocated on, so every agent would receive every claim change of the cluster (N nodes: N copies
-of each event); the Pod watch is filtered by the server to this node's pods. Figures:
-docs/topology.md, "Ranks that follow allocations".
+of each event), and ``list`` of claims is cluster-wide; the Pod watch is filtered by the server
+to this node's pods. Figures: ``benchmarks/allocation_sources.py``, docs/security.md.
+
+The claims it has read are kept (:meth:`AllocationWatch.claim`: UID → the claim object and its
+resourceVersion, as read when its pod was bound) for whoever may use an allocated claim without
+reading it again.
 
 Allocations only steer the ranks (:class:`~dra_driver.devices.holdings.HeldGpus` ``allocated``,
 read by :mod:`.republish`); prepare and the checkpoint stay the truth for what is held. The watch
@@ -34,6 +45,7 @@ from typing import Any
 
 import structlog
 
+from dra_driver import records
 from dra_driver.devices import holdings
 from dra_driver.kube import api
 from dra_driver.kube.objects import PODS, ObjectApi
@@ -44,6 +56,22 @@ TERMINAL = ("Succeeded", "Failed")  # a finished pod's claims are released by th
 RETRY_S = 0.25  # a claim not readable or not allocated yet is read again after this
 RETRIES = 20  # ... this many times, then again at the next relist
 RESYNC_S = 300.0  # a fresh list (every claim read again) at least this often
+
+
+@records.record
+class HeldClaim:
+    """A claim allocated on this node as the watch last read it (do not modify ``claim``)."""
+
+    claim: api.Obj
+    resource_version: str
+
+
+FORBIDDEN_HINT = (
+    "needs Kubernetes 1.36+ (ConstrainedImpersonation, beta and on by default) with the Node "
+    "authorizer, a service account token bound to this Pod (its node-name extra) and the "
+    "chart's impersonate rules; or set kubeletPlugin.allocationSource=pods "
+    "(--allocation-source=pods), which grants cluster-wide Pod reads (docs/security.md)"
+)
 
 
 def claims_of(pod: Mapping[str, Any]) -> tuple[ClaimKey, ...]:
@@ -105,6 +133,7 @@ class AllocationWatch:
         backoff: Backoff | None = None,
         retry_s: float = RETRY_S,
         resync_s: float = RESYNC_S,
+        acting_as_node: bool = False,
     ) -> None:
         self._objects = objects
         self._get_claim = get_claim
@@ -117,15 +146,24 @@ class AllocationWatch:
         self._backoff = backoff or Backoff(initial_s=0.5, max_s=30.0)
         self._retry_s = retry_s
         self._resync_s = resync_s
+        self._acting_as_node = acting_as_node
+        self._refused = False  # the last failure was a 403 (logged as an error once a streak)
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._pods: dict[str, tuple[ClaimKey, ...]] = {}  # pod UID → the claims it names
         self._resolved: dict[ClaimKey, str] = {}  # claim → the UID its GPUs are held under
+        self._claims: dict[str, HeldClaim] = {}  # claim UID → the claim as last read
         self._due: list[tuple[float, int, ClaimKey, int]] = []  # (when, seq, claim, attempt)
         self._seq = 0
         self._threads: list[threading.Thread] = []
         self.relists = 0  # list calls made (tests)
         self.failures = 0  # watch or list failures (tests)
+
+    def claim(self, uid: str) -> HeldClaim | None:
+        """The claim of ``uid`` as read when it was allocated on this node; None when the
+        watch holds no such claim (not read yet, not allocated here, or released)."""
+        with self._cond:
+            return self._claims.get(uid)
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -158,12 +196,24 @@ class AllocationWatch:
                     self._reset(items)
                 rv = self._follow(selector, rv)
                 self._backoff.reset()
+                self._refused = False
             except api.ApiError as exc:
                 rv = None  # resync from a fresh list
                 if exc.status == 410:
                     continue
                 self.failures += 1
                 delay = self._backoff.next_delay()
+                if exc.status == 403 and not self._refused:
+                    self._refused = True
+                    self._log.error(
+                        "not allowed to read this node's pods; set ranks follow prepares only",
+                        acting_as_node=self._acting_as_node,
+                        error=str(exc),
+                        hint=FORBIDDEN_HINT if self._acting_as_node else "grant list/watch pods",
+                        retry_in_s=round(delay, 3),
+                    )
+                    self._stop.wait(delay)
+                    continue
                 self._log.warning(
                     "watch of this node's pods failed; retrying",
                     status=exc.status,
@@ -231,6 +281,7 @@ class AllocationWatch:
 
     def _release(self, key: ClaimKey, claim_uid: str) -> None:
         """(lock held: a claim read meanwhile cannot hold after this) Free its GPUs."""
+        self._claims.pop(claim_uid, None)
         if self.allocated.release(claim_uid):
             self._log.debug(
                 "claim no longer allocated on this node; its GPUs are free in the set ranks",
@@ -296,6 +347,9 @@ class AllocationWatch:
             self._resolved[key] = uid
             if previous is not None and previous != uid:
                 self.allocated.release(previous)
+                self._claims.pop(previous, None)
+            rv = str((claim.get("metadata") or {}).get("resourceVersion") or "")
+            self._claims[uid] = HeldClaim(claim=claim, resource_version=rv)
             changed = self.allocated.hold(uid, gpus)  # cheap; under the lock, see _release
         if changed:
             self._log.debug(
@@ -316,6 +370,7 @@ def start(
     gpus_of: Callable[[str], Iterable[str]],
     log: structlog.typing.FilteringBoundLogger,
     watch_timeout_s: float = 30.0,
+    acting_as_node: bool = False,
 ) -> AllocationWatch:
     """Start watching; ``.allocated`` is the set to hand to the republisher."""
     watch = AllocationWatch(
@@ -327,6 +382,7 @@ def start(
         allocated=holdings.HeldGpus(),
         log=log,
         watch_timeout_s=watch_timeout_s,
+        acting_as_node=acting_as_node,
     )
     watch.start()
     return watch

@@ -285,7 +285,12 @@ def test_rbac_is_exactly_what_the_agent_calls(rc: ModuleType) -> None:
         ("resource.k8s.io", "resourceclaims/driver"): ["associated-node:patch"],
         ("resource.k8s.io", "resourceslices"): ["create", "delete", "list", "update", "watch"],
         ("", "nodes"): ["get", "patch"],  # patch: the Node's GPU labels
-        ("", "pods"): ["list", "watch"],  # the Pods bound to its node: ranks follow allocations
+        # ranks follow allocations: the Pods bound to its node, read as that node (only)
+        ("authentication.k8s.io", "nodes"): ["impersonate:associated-node"],
+        ("", "pods"): [
+            "impersonate-on:associated-node:list",
+            "impersonate-on:associated-node:watch",
+        ],
     }
     (granular,) = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
     assert granular["resourceNames"] == ["gpu.nvidia.com"]  # only our driver's entries
@@ -302,11 +307,33 @@ def test_no_pod_access_when_ranks_do_not_follow_allocations(
 ) -> None:
     (role,) = objects(rc, {"kubeletPlugin": values}, "ClusterRole")
     assert ("", "pods") not in _rules(role)
+    assert ("authentication.k8s.io", "nodes") not in _rules(role)
     (ds,) = objects(rc, {"kubeletPlugin": values}, "DaemonSet")
     if "watchAllocations" in values:
         assert env_of(ds)["WATCH_ALLOCATIONS"] == "false"
     else:
         assert "WATCH_ALLOCATIONS" not in env_of(ds)
+
+
+def test_the_default_grants_no_cluster_wide_pod_read(rc: ModuleType) -> None:
+    """No role bound to the agent lets its own token get, list or watch Pods beyond the
+    driver's namespace; it reads its node's Pods only by acting as the node."""
+    for role in objects(rc, {}, "ClusterRole"):
+        for rule in role["rules"]:
+            if "" in rule["apiGroups"] and {"pods", "*"} & set(rule["resources"]):
+                assert not {"get", "list", "watch", "*"} & set(rule["verbs"]), rule
+    (ds,) = objects(rc, {}, "DaemonSet")
+    assert "ALLOCATION_SOURCE" not in env_of(ds)  # the agent's default: act as the node
+
+
+def test_allocation_source_pods_is_the_explicit_cluster_wide_read(rc: ModuleType) -> None:
+    values = {"kubeletPlugin": {"allocationSource": "pods"}}
+    (role,) = objects(rc, values, "ClusterRole")
+    rules = _rules(role)
+    assert rules[("", "pods")] == ["list", "watch"]
+    assert ("authentication.k8s.io", "nodes") not in rules
+    (ds,) = objects(rc, values, "DaemonSet")
+    assert env_of(ds)["ALLOCATION_SOURCE"] == "pods"
 
 
 def test_the_device_plugin_may_only_get_and_patch_nodes(rc: ModuleType) -> None:

@@ -112,10 +112,13 @@ def test_the_agent_gets_a_role_for_pods_in_its_namespace_only(rc: ModuleType) ->
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "dra-driver", "namespace": "dra-driver"}
     ]
-    for cluster_role in objects(rc, {}, "ClusterRole"):  # cluster-wide, pods are only read:
-        for rule in cluster_role["rules"]:  # the allocation watch (Pods bound to the node)
+    for cluster_role in objects(rc, {}, "ClusterRole"):  # cluster-wide, pods are only read,
+        for rule in cluster_role["rules"]:  # as the node: the allocation watch (docs/security.md)
             if "pods" in rule["resources"]:
-                assert rule["verbs"] == ["list", "watch"]
+                assert rule["verbs"] == [
+                    "impersonate-on:associated-node:list",
+                    "impersonate-on:associated-node:watch",
+                ]
 
 
 def _agent_env(rc: ModuleType, values: dict[str, Any]) -> dict[str, Any]:

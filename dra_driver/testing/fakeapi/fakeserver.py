@@ -56,6 +56,8 @@ class FakeApiServer:
         denied: Iterable[tuple[str, str]] = (),
         access_reviews: bool = True,
         requests: requestlog.RequestLog | None = None,
+        bound_node: str | None = None,
+        pod_namespaces: Iterable[str] | None = None,
     ) -> None:
         """``tls``: serve HTTPS and require a client certificate of that bundle's CA;
         ``idle_timeout_s``: close a kept-alive connection idle that long (None: never);
@@ -63,7 +65,10 @@ class FakeApiServer:
         ``served_versions`` of ``resource.k8s.io``, ``(verb, resource)`` access reviews
         ``denied``, or no ``access_reviews`` served at all (:mod:`.discovery`); ``requests``:
         the log requests are counted in (:mod:`.requestlog`; pass the last server's to a
-        restarted one to go on counting)."""
+        restarted one to go on counting); ``bound_node``: the node the credentials are bound
+        to, the only one a request may impersonate (None: any; :mod:`.impersonation`);
+        ``pod_namespaces``: the only namespaces where the token may read Pods as itself, as
+        with the default chart's RBAC (None: anywhere)."""
         if api_ is None:
             api_ = memory.InMemoryApi(disabled_gates=disabled_gates or ())
         elif disabled_gates is not None and frozenset(disabled_gates) != api_.disabled_gates:
@@ -78,6 +83,8 @@ class FakeApiServer:
         )
         self._httpd.api = self.api
         self._httpd.token = token
+        self._httpd.bound_node = bound_node
+        self._httpd.pod_namespaces = None if pod_namespaces is None else frozenset(pod_namespaces)
         self._httpd.served = discovery.Served.of(served_versions, denied, reviews=access_reviews)
         self.requests = requests or requestlog.RequestLog()
         self._httpd.requests = self.requests

@@ -31,6 +31,8 @@ class Server(http.server.ThreadingHTTPServer):
     request_queue_size = 4096
     api: memory.InMemoryApi  # what the handler serves
     token: str | None  # the bearer token the handler requires, if any
+    bound_node: str | None = None  # the node the token is bound to (impersonation)
+    pod_namespaces: frozenset[str] | None = None  # where the token reads Pods as itself
     served: discovery.Served  # resource.k8s.io versions served, access reviews denied
     requests: requestlog.RequestLog  # what was asked, by verb and resource
 

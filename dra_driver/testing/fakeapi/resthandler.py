@@ -22,7 +22,14 @@ from typing import Any
 import yaml
 
 from dra_driver.kube import api
-from dra_driver.testing.fakeapi import discovery, httpserver, nodes, objectroutes, requestlog
+from dra_driver.testing.fakeapi import (
+    discovery,
+    httpserver,
+    impersonation,
+    nodes,
+    objectroutes,
+    requestlog,
+)
 
 _GROUP = "/apis/resource.k8s.io/v1"
 _ROUTES: list[tuple[str, re.Pattern[str]]] = [
@@ -121,6 +128,14 @@ class RequestHandler(http.server.BaseHTTPRequestHandler):
         try:
             if token and self.headers.get("Authorization") != f"Bearer {token}":
                 raise api.ApiError(401, "Unauthorized", reason="Unauthorized")
+            impersonation.check(
+                self.headers.items(),
+                method=method,
+                path=parsed.path,
+                query=query,
+                bound_node=self.server.bound_node,
+                pod_namespaces=self.server.pod_namespaces,
+            )
             self.server.served.check_path(parsed.path)
             for route, pattern in _ROUTES:
                 match = pattern.match(parsed.path)
