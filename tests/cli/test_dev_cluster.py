@@ -196,6 +196,19 @@ def test_doctor_and_capacity_against_it_then_sigint_stops_everything(
         assert sorted(got.stdout.split()) == [
             f"resourceslice.resource.k8s.io/node-{i}-gpu.nvidia.com-0" for i in range(3)
         ]
+        table = subprocess.run(
+            [kubectl, "--kubeconfig", str(path), "get", "resourceslices"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=running.env,
+        )
+        assert table.returncode == 0, table.stderr
+        rows = [line.split() for line in table.stdout.splitlines()]
+        assert rows[0] == ["NAME", "NODE", "DRIVER", "POOL", "AGE"]
+        assert [r[1:4] for r in rows[1:]] == [
+            [f"node-{i}", "gpu.nvidia.com", f"node-{i}"] for i in range(3)
+        ]
 
     assert running.stop(signal.SIGINT) == 0, running.err_path.read_text()
     assert all(gone(p) for p in pids)

@@ -22,7 +22,14 @@ from typing import Any
 import yaml
 
 from dra_driver.kube import api
-from dra_driver.testing.fakeapi import discovery, httpserver, nodes, objectroutes, requestlog
+from dra_driver.testing.fakeapi import (
+    discovery,
+    httpserver,
+    nodes,
+    objectroutes,
+    requestlog,
+    tables,
+)
 
 _GROUP = "/apis/resource.k8s.io/v1"
 _ROUTES: list[tuple[str, re.Pattern[str]]] = [
@@ -248,6 +255,9 @@ class RequestHandler(http.server.BaseHTTPRequestHandler):
         items, rv = mem.list_resource_slices(
             driver=selected["driver"], node_name=selected["node_name"]
         )
+        if tables.wants_table(self.headers.get("Accept") or ""):  # kubectl get's rows
+            self._json(200, tables.resource_slices(items, rv))
+            return
         self._json(
             200,
             {
