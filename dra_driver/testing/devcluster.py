@@ -31,7 +31,7 @@ from typing import Any
 
 from dra_driver import deviceclasses, records
 from dra_driver.testing import kubeletsim
-from dra_driver.testing.fakeapi import fakeserver, memory
+from dra_driver.testing.fakeapi import bundle, fakeserver, memory, opensslca
 
 STOP_TIMEOUT_S = 20.0
 SOCKET_PATH_MAX = 107  # sun_path: 108 bytes with the terminating NUL
@@ -112,15 +112,8 @@ class DevCluster:
         return self
 
     def _start(self, ready_timeout_s: float) -> None:
-        try:
-            from dra_driver.testing.fakeapi import certs
-        except ImportError as exc:  # cryptography: a development dependency
-            raise DevClusterError(
-                f"the stand-in API server's throw-away CA needs the {exc.name} package "
-                "(pip install cryptography; make test's venv has it)"
-            ) from exc
         self.directory.mkdir(parents=True, exist_ok=True)
-        tls = certs.make_bundle(client_name="dev-cluster-admin")
+        tls = throwaway_ca()
         try:
             self.server = fakeserver.FakeApiServer(
                 memory.InMemoryApi(), tls=tls, port=self._port
@@ -278,6 +271,22 @@ class DevCluster:
 def gpus_of(slices: Sequence[dict[str, Any]]) -> int:
     """The GPU devices in ``slices`` (full GPUs and MIG devices as published)."""
     return sum(len(s["spec"].get("devices") or []) for s in slices)
+
+
+def throwaway_ca(client_name: str = "dev-cluster-admin") -> bundle.Bundle:
+    """A throw-away CA: with the ``cryptography`` package (a development dependency) if it is
+    installed, else with the ``openssl`` command; :class:`DevClusterError` with neither."""
+    try:
+        from dra_driver.testing.fakeapi import certs
+    except ImportError:
+        try:
+            return opensslca.make_bundle(client_name=client_name)
+        except opensslca.OpensslError as exc:
+            raise DevClusterError(
+                "the stand-in API server's throw-away CA needs the cryptography package "
+                f"(pip install cryptography; make test's venv has it) or openssl ({exc})"
+            ) from exc
+    return certs.make_bundle(client_name=client_name)
 
 
 def _worst_line(log: str) -> str:
