@@ -13,15 +13,17 @@ persisted, and only the API paths the driver and kubectl's discovery use.
 
 The agents run in sessions of their own, so a terminal's Ctrl-C reaches only the command, which
 stops them in order (SIGTERM, then SIGKILL past a deadline) and removes its directory unless it
-was given one.
+was given one; on Linux an agent also gets SIGTERM when the command dies by SIGKILL.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -51,13 +53,27 @@ class Node:
         return self.agent.dra_socket
 
 
+# Run first in the agent's process (then exec'd away): SIGTERM when this process dies, even by
+# SIGKILL (Linux's PR_SET_PDEATHSIG; kept across exec), unless it is gone already.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 15)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(0)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
 class _Agent(kubeletsim.PluginProcess):
-    """The kit's agent runner, its process in a session of its own (no terminal signals)."""
+    """The kit's agent runner, its process in a session of its own (no terminal signals) and,
+    on Linux, told to stop when this process dies however it dies."""
 
     def start(self) -> _Agent:
+        argv = list(self.argv)
+        if sys.platform == "linux":
+            argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                self.argv,
+                argv,
                 stdout=log,
                 stderr=log,
                 stdin=subprocess.DEVNULL,

@@ -251,3 +251,15 @@ def test_a_directory_too_deep_for_sockets_is_refused(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2, proc.stderr
     assert "too deep for the agents' unix sockets" in proc.stderr.splitlines()[-1]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_agents_stop_when_it_is_killed(dev: list[Running], short: Path) -> None:
+    running = Running(short, "--nodes", "1", "--fake", "pcie-l4", "--dir", str(short / "k"))
+    dev.append(running)
+    (pid,) = [int(p) for p in re.findall(r"agent pid (\d+)", running.wait_ready())]
+    assert running.stop(signal.SIGKILL) == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while not gone(pid):  # the agent got SIGTERM from the kernel and stopped
+        assert time.monotonic() < deadline, f"agent {pid} outlived a SIGKILLed dev-cluster"
+        time.sleep(0.1)
