@@ -13,15 +13,17 @@ persisted, and only the API paths the driver and kubectl's discovery use.
 
 The agents run in sessions of their own, so a terminal's Ctrl-C reaches only the command, which
 stops them in order (SIGTERM, then SIGKILL past a deadline) and removes its directory unless it
-was given one.
+was given one; on Linux an agent also gets SIGTERM when the command dies by SIGKILL.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -31,7 +33,7 @@ from typing import Any
 
 from dra_driver import deviceclasses, records
 from dra_driver.testing import kubeletsim
-from dra_driver.testing.fakeapi import fakeserver, memory
+from dra_driver.testing.fakeapi import bundle, fakeserver, memory, opensslca
 
 STOP_TIMEOUT_S = 20.0
 SOCKET_PATH_MAX = 107  # sun_path: 108 bytes with the terminating NUL
@@ -51,13 +53,27 @@ class Node:
         return self.agent.dra_socket
 
 
+# Run first in the agent's process (then exec'd away): SIGTERM when this process dies, even by
+# SIGKILL (Linux's PR_SET_PDEATHSIG; kept across exec), unless it is gone already.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 15)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(0)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
 class _Agent(kubeletsim.PluginProcess):
-    """The kit's agent runner, its process in a session of its own (no terminal signals)."""
+    """The kit's agent runner, its process in a session of its own (no terminal signals) and,
+    on Linux, told to stop when this process dies however it dies."""
 
     def start(self) -> _Agent:
+        argv = list(self.argv)
+        if sys.platform == "linux":
+            argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                self.argv,
+                argv,
                 stdout=log,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
@@ -112,15 +128,8 @@ class DevCluster:
         return self
 
     def _start(self, ready_timeout_s: float) -> None:
-        try:
-            from dra_driver.testing.fakeapi import certs
-        except ImportError as exc:  # cryptography: a development dependency
-            raise DevClusterError(
-                f"the stand-in API server's throw-away CA needs the {exc.name} package "
-                "(pip install cryptography; make test's venv has it)"
-            ) from exc
         self.directory.mkdir(parents=True, exist_ok=True)
-        tls = certs.make_bundle(client_name="dev-cluster-admin")
+        tls = throwaway_ca()
         try:
             self.server = fakeserver.FakeApiServer(
                 memory.InMemoryApi(), tls=tls, port=self._port
@@ -278,6 +287,22 @@ class DevCluster:
 def gpus_of(slices: Sequence[dict[str, Any]]) -> int:
     """The GPU devices in ``slices`` (full GPUs and MIG devices as published)."""
     return sum(len(s["spec"].get("devices") or []) for s in slices)
+
+
+def throwaway_ca(client_name: str = "dev-cluster-admin") -> bundle.Bundle:
+    """A throw-away CA: with the ``cryptography`` package (a development dependency) if it is
+    installed, else with the ``openssl`` command; :class:`DevClusterError` with neither."""
+    try:
+        from dra_driver.testing.fakeapi import certs
+    except ImportError:
+        try:
+            return opensslca.make_bundle(client_name=client_name)
+        except opensslca.OpensslError as exc:
+            raise DevClusterError(
+                "the stand-in API server's throw-away CA needs the cryptography package "
+                f"(pip install cryptography; make test's venv has it) or openssl ({exc})"
+            ) from exc
+    return certs.make_bundle(client_name=client_name)
 
 
 def _worst_line(log: str) -> str:

@@ -196,6 +196,19 @@ def test_doctor_and_capacity_against_it_then_sigint_stops_everything(
         assert sorted(got.stdout.split()) == [
             f"resourceslice.resource.k8s.io/node-{i}-gpu.nvidia.com-0" for i in range(3)
         ]
+        table = subprocess.run(
+            [kubectl, "--kubeconfig", str(path), "get", "resourceslices"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=running.env,
+        )
+        assert table.returncode == 0, table.stderr
+        rows = [line.split() for line in table.stdout.splitlines()]
+        assert rows[0] == ["NAME", "NODE", "DRIVER", "POOL", "AGE"]
+        assert [r[1:4] for r in rows[1:]] == [
+            [f"node-{i}", "gpu.nvidia.com", f"node-{i}"] for i in range(3)
+        ]
 
     assert running.stop(signal.SIGINT) == 0, running.err_path.read_text()
     assert all(gone(p) for p in pids)
@@ -238,3 +251,15 @@ def test_a_directory_too_deep_for_sockets_is_refused(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2, proc.stderr
     assert "too deep for the agents' unix sockets" in proc.stderr.splitlines()[-1]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_agents_stop_when_it_is_killed(dev: list[Running], short: Path) -> None:
+    running = Running(short, "--nodes", "1", "--fake", "pcie-l4", "--dir", str(short / "k"))
+    dev.append(running)
+    (pid,) = [int(p) for p in re.findall(r"agent pid (\d+)", running.wait_ready())]
+    assert running.stop(signal.SIGKILL) == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while not gone(pid):  # the agent got SIGTERM from the kernel and stopped
+        assert time.monotonic() < deadline, f"agent {pid} outlived a SIGKILLed dev-cluster"
+        time.sleep(0.1)

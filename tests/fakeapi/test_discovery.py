@@ -160,3 +160,29 @@ def test_kubectl_discovery_documents_list_what_is_served() -> None:
         _, groups = _call(server, "GET", "/apis")
         assert "resource.k8s.io" not in {g["name"] for g in groups["groups"]}
         assert _call(server, "GET", "/apis/resource.k8s.io/v1")[0] == 404
+
+
+def test_resource_slices_print_as_a_table_when_kubectl_asks() -> None:
+    accept = (
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;"
+        "g=meta.k8s.io,application/json"
+    )
+    with fakeserver.FakeApiServer() as server:
+        server.api.create_resource_slice(_slice("s1"))
+        request = urllib.request.Request(server.url + SLICES, headers={"Accept": accept})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            table = json.loads(answer.read())
+        assert table["kind"] == "Table" and table["apiVersion"] == "meta.k8s.io/v1"
+        assert [c["name"] for c in table["columnDefinitions"]] == [
+            "Name",
+            "Node",
+            "Driver",
+            "Pool",
+            "Age",
+        ]
+        (row,) = table["rows"]
+        assert row["cells"][:4] == ["s1", "n1", "gpu.nvidia.com", "n1"]
+        assert row["cells"][4].endswith("s")
+        assert row["object"]["metadata"]["name"] == "s1"
+        plain = _call(server, "GET", SLICES)[1]  # no Table asked: the list, as before
+        assert plain["kind"] == "ResourceSliceList"

@@ -177,6 +177,7 @@ def test_configuration_errors_are_clear(tmp_path: Path, monkeypatch: pytest.Monk
         client.KubeClient.connect(tmp_path / "missing")
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config: kubectl's next stop
     with pytest.raises(client.ConfigError, match="in-cluster"):
         client.KubeClient.connect(None)
     kubeconfig = fakeserver.write_kubeconfig(tmp_path / "kc", "http://127.0.0.1:1")

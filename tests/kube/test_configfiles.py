@@ -4,6 +4,9 @@ directory and a real temp HOME (:mod:`dra_driver.kube.configfiles`)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +183,45 @@ def test_merged_kubeconfig_the_transport_cannot_speak_goes_to_the_library(
         assert client.configuration.api_key == {"BearerToken": basic}
     finally:
         client.close()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_the_merge_agrees_with_kubectl(tmp_path: Path) -> None:
+    """kubectl itself as the reference: the server, user and namespace each context resolves to
+    through the same KUBECONFIG list (missing file, overlaps, current-context set late)."""
+    first = config(
+        tmp_path / "a",
+        clusters={"k": {"server": "https://first:6443"}},
+        users={"u": {"token": "first"}},
+        contexts={"x": {"cluster": "k", "user": "u", "namespace": "nx"}},
+    )
+    second = config(
+        tmp_path / "b",
+        current="y",
+        clusters={"k": {"server": "https://second:6443"}, "k2": {"server": "https://k2:6443"}},
+        users={"u": {"token": "second"}, "u2": {"token": "two"}},
+        contexts={"y": {"cluster": "k2", "user": "u"}, "x": {"cluster": "k2", "user": "u2"}},
+    )
+    listed = f"{tmp_path}/none:{first}:{second}"
+    env = {"KUBECONFIG": listed, "HOME": str(tmp_path), "PATH": os.environ.get("PATH", "")}
+    docs = [(p, configfiles.read(p)) for p in configfiles.locate(None, env)]
+    merged = configfiles.merge(docs)
+    for context in (None, "x", "y"):
+        args = ["kubectl", "config", "view", "--minify", "--raw", "-o", "json"]
+        view = subprocess.run(
+            [*args, *(["--context", context] if context else [])],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=env,
+            check=True,
+        )
+        theirs = json.loads(view.stdout)
+        name = context or merged["current-context"]
+        assert theirs["current-context"] == name
+        ctx = next(c["context"] for c in merged["contexts"] if c["name"] == name)
+        cluster = next(c["cluster"] for c in merged["clusters"] if c["name"] == ctx["cluster"])
+        user = next(u["user"] for u in merged["users"] if u["name"] == ctx["user"])
+        assert theirs["clusters"][0]["cluster"]["server"] == cluster["server"], context
+        assert theirs["users"][0]["user"]["token"] == user["token"], context
+        assert theirs["contexts"][0]["context"].get("namespace") == ctx.get("namespace")

@@ -7,59 +7,22 @@ shape here: a CA, a server certificate for ``127.0.0.1`` / ``localhost`` and a c
 certificate, all made fresh in memory. RSA 2048 with SHA-256, as kubeadm issues them.
 
 Needs the ``cryptography`` package (a development dependency); imported only by what serves TLS.
+Without it, :mod:`.opensslca` makes the same bundle with the ``openssl`` command.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
-import ssl
-import tempfile
-from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dra_driver import records
+from dra_driver.testing.fakeapi.bundle import Bundle as Bundle
 
 KEY_BITS = 2048
-
-
-@records.record
-class Bundle:
-    """PEM bytes of a CA, a server certificate and key, and a client certificate and key."""
-
-    ca_pem: bytes
-    server_cert_pem: bytes
-    server_key_pem: bytes
-    client_cert_pem: bytes
-    client_key_pem: bytes
-
-    def server_context(self, *, require_client_cert: bool = True) -> ssl.SSLContext:
-        """A server context that presents the server certificate and (by default) refuses
-        clients without a certificate signed by the CA."""
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        with tempfile.TemporaryDirectory(prefix="fakeapi-tls-") as tmp:
-            cert, key = Path(tmp) / "server.crt", Path(tmp) / "server.key"
-            cert.write_bytes(self.server_cert_pem)
-            key.write_bytes(self.server_key_pem)
-            context.load_cert_chain(cert, key)
-        if require_client_cert:
-            context.verify_mode = ssl.CERT_REQUIRED
-            context.load_verify_locations(cadata=self.ca_pem.decode())
-        return context
-
-    def client_context(self) -> ssl.SSLContext:
-        """A client context that trusts the CA and presents the client certificate."""
-        context = ssl.create_default_context(cadata=self.ca_pem.decode())
-        with tempfile.TemporaryDirectory(prefix="fakeapi-tls-") as tmp:
-            cert, key = Path(tmp) / "client.crt", Path(tmp) / "client.key"
-            cert.write_bytes(self.client_cert_pem)
-            key.write_bytes(self.client_key_pem)
-            context.load_cert_chain(cert, key)
-        return context
 
 
 def _key() -> rsa.RSAPrivateKey:

@@ -29,6 +29,7 @@ from dra_driver.testing.fakeapi import (
     nodes,
     objectroutes,
     requestlog,
+    tables,
 )
 
 _GROUP = "/apis/resource.k8s.io/v1"
@@ -263,6 +264,9 @@ class RequestHandler(http.server.BaseHTTPRequestHandler):
         items, rv = mem.list_resource_slices(
             driver=selected["driver"], node_name=selected["node_name"]
         )
+        if tables.wants_table(self.headers.get("Accept") or ""):  # kubectl get's rows
+            self._json(200, tables.resource_slices(items, rv))
+            return
         self._json(
             200,
             {
