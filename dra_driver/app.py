@@ -43,6 +43,7 @@ from dra_driver.devices import (
     health,
     holdings,
     migprofiles,
+    passthrough,
 )
 from dra_driver.driver import driver as driver_mod
 from dra_driver.driver import periodic
@@ -50,7 +51,7 @@ from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.nodeparts import gpu_control_for, mig_control_for, mps_daemons_for
 from dra_driver.pluginsettings import PluginSettings
-from dra_driver.slices import build, leader, serverfeatures, taints
+from dra_driver.slices import build, leader, serverfeatures, taints, vfioslices
 
 # PluginSettings and the part builders (:mod:`dra_driver.agentparts`) are re-exported: the CLI,
 # the fault suite and the tests configure the agent through ``app``.
@@ -131,6 +132,9 @@ def run(
         shareable=settings.shareable,
         server=str(getattr(api, "server", "") or ""),
     )
+    refused = refused or vfioslices.refusal(  # --passthrough needs counters too
+        kept.shared_counters, devices, settings.vfio, server=str(getattr(api, "server", "") or "")
+    )
     if refused:
         raise StartupError(refused)
     # An auto: dynamic MIG selection the server cannot take is off for this run: the driver
@@ -140,6 +144,11 @@ def run(
         kept, dynamic_mig=settings.dynamic, shareable=settings.shareable
     )
     settings = dataclasses.replace(settings, dynamic_mig=dynamic.text)
+    vfio, unoffered = vfioslices.resolve(kept.shared_counters, settings.vfio), list[str]()
+    settings = dataclasses.replace(settings, passthrough=vfio.text)
+    devices = passthrough.mark(devices, vfio, unoffered)  # published twice (docs/passthrough.md)
+    for line in unoffered:
+        log.warning("GPU not offered for passthrough", reason=line)
     board = health_source or health.HealthBoard()
     held = holdings.HeldGpus()  # what prepared claims hold: the claim state writes, slices follow
     uuids = taints.published_uuids(

@@ -25,9 +25,9 @@ import yaml
 
 from dra_driver import cli
 from dra_driver.cli import common
-from dra_driver.devices import backend
+from dra_driver.devices import backend, passthrough
 from dra_driver.kube import client, features
-from dra_driver.slices import build, gpusets, serverfeatures
+from dra_driver.slices import build, gpusets, serverfeatures, vfioslices
 
 
 def add_identity_flags(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +57,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="UID of the Node object, to include the owner reference the publisher sets",
     )
     common.add_dynamic_mig_flag(parser)
+    common.add_passthrough_flag(parser)
     common.add_gpu_sets_flag(parser)
     parser.add_argument(
         "--kubeconfig",
@@ -92,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
                     print(f"dra-driver: {effect}", file=sys.stderr)
         # As the agent starts: an auto: selection the server cannot take is off.
         dynamic, shareable = serverfeatures.resolve(kept, dynamic_mig=dynamic, shareable=shareable)
+        vfio = common.passthrough_from(args)
+        refused = vfioslices.refusal(kept.shared_counters, devices, vfio)
+        if refused:
+            return common.fail(refused, code=1)
+        devices = passthrough.mark(devices, vfioslices.resolve(kept.shared_counters, vfio))
         result = build.build(
             devices,
             node_name=args.node_name,
