@@ -32,14 +32,15 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from dra_driver import records
 from dra_driver.devices import model, passthrough, vfiohost
-from dra_driver.driver import atomicfile, checkpoint, claims
+from dra_driver.driver import atomicfile, cdi, checkpoint, claims
 
 BINDING, BOUND, RELEASING = "binding", "bound", "releasing"
 JOURNAL_DIR = "vfio"
@@ -202,7 +203,8 @@ class VfioPart:
 
     def recover(self, records_: Sequence[checkpoint.ClaimRecord]) -> set[str]:
         """Finish or undo every journalled step; returns the UIDs of prepared claims whose
-        unprepare a crash cut short (their GPU is back on nvidia: the caller rolls them back)."""
+        unprepare a crash cut short (their GPU is back on nvidia, or its journal already gone:
+        the caller rolls them back)."""
         completed = {r.uid: r for r in records_ if r.state == checkpoint.PREPARE_COMPLETED}
         unprepared: set[str] = set()
         journalled: set[str] = set()
@@ -244,6 +246,10 @@ class VfioPart:
                     claim_uid=uid,
                     error=str(exc),
                 )
+        for uid, record in completed.items():  # journal gone: its release had finished
+            mine = self.targets(d.deviceName for d in record.devices)
+            if any(t.bdf not in journalled for t in mine):
+                unprepared.add(uid)
         for target in self.targets(self._gpus):
             if target.bdf in journalled or self.host.driver(target.bdf) != vfiohost.VFIO:
                 continue
@@ -279,3 +285,66 @@ class VfioPart:
     def _forget(self, target: Target) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(target))
+
+
+def claim_targets(
+    part: VfioPart | None, ref: claims.ClaimRef, allocated: Sequence[claims.AllocatedDevice]
+) -> list[Target]:
+    """The GPUs a claim passes through; a claim mixing them with container devices is refused
+    (its pod is a VM or it is not)."""
+    if part is None:
+        return []
+    found = part.targets(d.device for d in allocated)
+    if found and len(found) != len(allocated):
+        raise VfioError(
+            f"{ref}: mixes passthrough devices ({', '.join(t.device for t in found)}) with "
+            "container devices; a claim's devices go either to a VM or to containers"
+        )
+    return found
+
+
+def spec(
+    specs: cdi.CdiSpecs,
+    ref: claims.ClaimRef,
+    planned: Sequence[cdi.Planned],
+    nodes: Mapping[str, Sequence[str]],
+    *,
+    mounts: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """The CDI spec of a VM claim: per device exactly its ``/dev/vfio`` nodes, and for the pod
+    ``NVIDIA_VISIBLE_DEVICES=void`` (the NVIDIA container hooks inject no GPU into a VM's pod,
+    as KubeVirt and Kata expect), the claim's name, its metadata mounts; no driver libraries,
+    no ``/dev/nvidia*`` (the GPU is not the nvidia driver's any more)."""
+    devices = []
+    for item in planned:
+        dev = item.device
+        paths = nodes.get(dev.name)
+        if not paths:
+            raise cdi.CdiError(f"{ref}: device {dev.name} has no VFIO device nodes")
+        edits: dict[str, Any] = {
+            "deviceNodes": [
+                {"path": p, "hostPath": specs.host.fake_node}
+                if specs.host.fake_node
+                else {"path": p}
+                for p in paths
+            ]
+        }
+        if item.edits.get("env"):
+            edits["env"] = list(item.edits["env"])
+        if item.edits.get("mounts"):
+            edits["mounts"] = [dict(m) for m in item.edits["mounts"]]
+        devices.append({"name": specs.device_name(ref.uid, dev.name), "containerEdits": edits})
+    common: dict[str, Any] = {"env": [*VM_ENV, f"NVIDIA_DRA_CLAIM={ref.namespace}/{ref.name}"]}
+    if mounts:
+        common["mounts"] = [dict(m) for m in mounts]
+    out: dict[str, Any] = {
+        "cdiVersion": "",
+        "kind": specs.kind,
+        "devices": devices,
+        "containerEdits": common,
+    }
+    out["cdiVersion"] = required = cdi.minimum_version(out)
+    problems = cdi.check(out, required=required)
+    if problems:
+        raise cdi.CdiError(f"{ref}: generated CDI spec is invalid: {'; '.join(problems)}")
+    return out
