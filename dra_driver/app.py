@@ -43,6 +43,7 @@ from dra_driver.devices import (
     health,
     holdings,
     migprofiles,
+    passedthrough,
     passthrough,
 )
 from dra_driver.driver import driver as driver_mod
@@ -170,6 +171,10 @@ def run(
         )
     except OSError as exc:
         raise StartupError(f"cannot set up the plugin's files: {exc}") from exc
+    passed = passedthrough.PassedThrough(  # the GPUs on vfio-pci for a claim, asked live
+        driver.state.vfio.passed_through if driver.state.vfio is not None else None
+    )
+    passedthrough.export(metrics.registry, passed, devices)
     gpu_metrics = gpumetrics.start(
         registry=metrics.registry,
         backend_=backend,
@@ -188,6 +193,7 @@ def run(
         log=log.bind(component="health"),
         metrics=metrics,
         socket=settings.health_socket,
+        paused=passed.contains,
     )
     streams = health_service.HealthStreams(
         pool_name=settings.node_name,
