@@ -31,7 +31,7 @@ import contextlib
 import os
 import select
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 DRIVERS = ("nvidia", "vfio-pci")
@@ -49,6 +49,9 @@ class FakeKernel:
         self.held: dict[str, list[int]] = {}  # BDF → PIDs keeping nvidia's unbind from finishing
         self.missing_node: set[str] = set()
         self.events: list[str] = []
+        # Called as ``on_write(when, attr, driver, bdf)`` with when "before"/"after" acting on
+        # each bind/unbind write: a test may SIGKILL the writer there (every step of a prepare).
+        self.on_write: Callable[[str, str, str, str], None] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -150,8 +153,13 @@ class FakeKernel:
                 data = pending.pop(fd, b"")
                 name, attr = self._fds[fd]
                 for word in data.decode(errors="replace").split():
+                    hook = self.on_write
+                    if hook is not None:
+                        hook("before", attr, name, word)
                     with self._lock:
                         self._act(name, attr, word.strip())
+                    if hook is not None:
+                        hook("after", attr, name, word)
 
     def _act(self, driver: str, attr: str, bdf: str) -> None:
         if bdf not in self.groups:
