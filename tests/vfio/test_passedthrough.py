@@ -3,6 +3,8 @@ ignores findings about it (no taint), and /metrics says it is on vfio-pci."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import prometheus_client
 import structlog
 
@@ -49,3 +51,35 @@ def test_metrics_say_which_gpus_are_passed_through() -> None:
     plain = fake.FakeBackend.from_name("pcie-l4").discover()
     passedthrough.export(empty, passedthrough.NOBODY, plain)
     assert value.__self__ is registry and list(empty.collect()) == []
+
+
+def test_discover_says_a_gpu_on_vfio_is_passed_through(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from dra_driver.devices import vfiohost
+    from dra_driver.testing import fakesysfs
+
+    devices = fake.FakeBackend.from_name("pcie-l4").discover()
+    kernel = fakesysfs.FakeKernel(tmp_path, fakesysfs.groups_of(devices))
+    with kernel:
+        host = vfiohost.VfioHost(tmp_path, wait_s=2)
+        bdf = devices.gpus[1].pci_bus_id
+        host.unbind(bdf)
+        host.set_override(bdf, vfiohost.VFIO)
+        host.bind(bdf, vfiohost.VFIO)
+    out = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "discover", "--fake", "pcie-l4",
+         "--vfio-root", str(tmp_path), "-o", "json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    health = {g["minor"]: g["health"] for g in json.loads(out)["gpus"]}
+    assert health[1]["health"] == "PassedThrough" and health[1]["source"] == "sysfs"
+    assert health[0]["health"] == "Healthy"
+    table = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "discover", "--fake", "pcie-l4",
+         "--vfio-root", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert "PassedThrough" in table
