@@ -162,7 +162,11 @@ def _summary(node: str, slices: Sequence[Mapping[str, Any]]) -> str:
     counter_sets = sum(len(spec.get("sharedCounters") or ()) for spec in specs)
     gpus = [d for d in devices if _type(d) == "gpu"]
     migs = [d for d in devices if _type(d) == "mig"]
-    placements = sum("consumesCounters" in d for d in migs)  # dynamic: no instance yet
+    placements = sum(  # dynamic: no instance yet (a MIG set's counters, not passthrough's)
+        any(str(u.get("counterSet", "")).endswith("-mig") for u in d.get("consumesCounters") or ())
+        for d in migs
+    )
+    vfio = sum(_type(d) == "vfio" for d in devices)
     shareable = sum(bool(d.get("allowMultipleAllocations")) for d in gpus)
     kinds: list[str] = []
     if gpus:
@@ -171,7 +175,9 @@ def _summary(node: str, slices: Sequence[Mapping[str, Any]]) -> str:
         kinds.append(_count(len(migs) - placements, "MIG device"))
     if placements:
         kinds.append(_count(placements, "dynamic MIG placement"))
-    others = len(devices) - len(gpus) - len(migs)
+    if vfio:
+        kinds.append(_count(vfio, "passthrough device"))
+    others = len(devices) - len(gpus) - len(migs) - vfio
     if others:
         kinds.append(_count(others, "other device"))
     parts = [", ".join(kinds)] if kinds else []

@@ -338,7 +338,8 @@ class ClaimState:
 
     def owned(self, allocated: Sequence[claims.AllocatedDevice]) -> list[claims.AllocatedDevice]:
         """What a claim holds: its devices, and the memory slices of its dynamic MIG devices."""
-        return [*allocated, *self.mig.ownership_keys(allocated)]
+        vfio = vfio_mod.ownership_keys(self.devices, allocated) if self.vfio else []
+        return [*allocated, *self.mig.ownership_keys(allocated), *vfio]
 
     def _plan(
         self, ref: claims.ClaimRef, allocated: Sequence[claims.AllocatedDevice]

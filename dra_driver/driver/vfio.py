@@ -40,7 +40,7 @@ import structlog
 
 from dra_driver import records
 from dra_driver.devices import model, passthrough, vfiohost
-from dra_driver.driver import atomicfile, cdi, checkpoint, claims
+from dra_driver.driver import atomicfile, cdi, checkpoint, claims, inventory
 
 BINDING, BOUND, RELEASING = "binding", "bound", "releasing"
 JOURNAL_DIR = "vfio"
@@ -301,6 +301,33 @@ def claim_targets(
             "container devices; a claim's devices go either to a VM or to containers"
         )
     return found
+
+
+def ownership_keys(
+    devices: inventory.Inventory, allocated: Sequence[claims.AllocatedDevice]
+) -> list[claims.AllocatedDevice]:
+    """A passthrough device also owns its GPU's container devices (``gpu-<minor>``, every MIG
+    device or placement of it), so that, should the scheduler ever hand out both, prepare
+    refuses the second claim (the ownership check, the last line of defence)."""
+    keys: list[claims.AllocatedDevice] = []
+    for dev in allocated:
+        gpu = passthrough.gpu_name_of(dev.device)
+        known = devices.get(dev.device)
+        if gpu is None or known is None or known.kind != passthrough.DEVICE_TYPE:
+            continue
+        names = [gpu] + [
+            d.name
+            for d in devices.devices.values()
+            if d.kind == "mig" and d.parent_minor == known.parent_minor
+        ]
+        keys += [
+            claims.AllocatedDevice(
+                request=dev.request, pool=dev.pool, device=name, admin_access=False,
+                share_id=None, configs=(),
+            )
+            for name in names
+        ]  # fmt: skip
+    return keys
 
 
 def spec(

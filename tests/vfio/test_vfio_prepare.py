@@ -144,6 +144,22 @@ def test_a_claim_mixing_vm_and_container_devices_is_refused(rig: Rig) -> None:
     assert rig.on_vfio() == set()
 
 
+def test_prepare_refuses_one_gpu_to_a_vm_claim_and_a_container_claim(rig: Rig) -> None:
+    """The last line of defence, should the scheduler ever hand out both: ownership."""
+    pod = rig.claim("pod", "gpu-0")
+    rig.driver.state.prepare(pod)
+    vm = rig.claim("vm", "gpu-vfio-0")
+    with pytest.raises(claims.ClaimError, match="already prepared"):
+        rig.driver.state.prepare(vm)
+    assert rig.on_vfio() == set()
+    rig.driver.state.unprepare(pod)
+    rig.driver.state.prepare(vm)
+    assert rig.on_vfio() == {"gpu-0"}
+    with pytest.raises(claims.ClaimError, match="already prepared"):
+        rig.driver.state.prepare(pod)
+    rig.driver.state.unprepare(vm)
+
+
 def test_a_gpu_running_a_process_is_refused_naming_it(rig: Rig) -> None:
     state = migstate.MigState({}, state_file=rig.settings.fake_mig_state)
     rig.restart()  # the state file exists from now on
