@@ -67,3 +67,25 @@ def test_no_passthrough_publishes_exactly_what_it_did_before() -> None:
     none = build.build(passthrough.mark(devices, passthrough.NONE), node_name="n1").slices
     assert plain == none
     assert vfioslices.names_in(plain) == []
+
+
+def test_an_unhealthy_gpus_passthrough_device_is_tainted_too() -> None:
+    from dra_driver.devices import health
+    from dra_driver.slices import taints
+
+    devices = passthrough.mark(
+        fake.FakeBackend.from_name("pcie-l4").discover(), passthrough.Passthrough.parse("all")
+    )
+    board = health.HealthBoard()
+    gpu = devices.gpus[1]
+    board.set_conditions(
+        gpu.uuid, [health.Condition(kind="xid", value="79", effect="NoExecute", message="off bus")]
+    )
+    built = build.build(
+        devices, node_name="n1", decorate=taints.decorator(board.snapshot(), "gpu.nvidia.com")
+    )
+    by_name = {d["name"]: d for s in built.slices for d in s["spec"].get("devices", [])}
+    assert by_name["gpu-1"].get("taints") and by_name["gpu-vfio-1"].get("taints")
+    assert not by_name["gpu-vfio-0"].get("taints")
+    names = taints.published_uuids(devices, node_name="n1", driver_name="gpu.nvidia.com")
+    assert names["gpu-vfio-1"] == (gpu.uuid,)  # prepare's taint check sees it
