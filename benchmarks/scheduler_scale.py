@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dra_driver.allocation import claimgen, schedloop, schedwork, simulator  # noqa: E402
-from dra_driver.devices import fake, model  # noqa: E402
+from dra_driver.devices import fake, model, passthrough  # noqa: E402
 from dra_driver.slices import build  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -80,6 +80,7 @@ DESIGNS = (
     "per-size",
     "per-size-stale",
     "per-size-one-selector",
+    "plain-passthrough",
 )
 LABELS = {
     "plain": "plain",
@@ -91,6 +92,7 @@ LABELS = {
     "per-size": "per-size ranks, before (caught up)",
     "per-size-stale": "per-size ranks, before (stale)",
     "per-size-one-selector": "per-size ranks, one selector (caught up)",
+    "plain-passthrough": "plain, every GPU also offered for passthrough",
 }
 # The design shipped before (docs/topology.md, "What it costs the scheduler"): every size's rank
 # in its own int attribute ``setRank<N>``, the rank subrequests on ``gpu.nvidia.com``.
@@ -156,6 +158,10 @@ def designs(
         if name == "plain":
             plain = build.build(devices, node_name=node, gpu_sets=False).slices
             out.append(schedloop.Design(label, plain_claim(gpus), fixed(plain), classes))
+        elif name == "plain-passthrough":  # twice the devices, a counter per GPU
+            offered = passthrough.mark(devices, passthrough.Passthrough.parse("all"))
+            both = build.build(offered, node_name=node, gpu_sets=False).slices
+            out.append(schedloop.Design(label, plain_claim(gpus), fixed(both), classes))
         elif name.startswith("sets-v2") and gpus != GPUS_PER_POD:
             notes.append(f"{label}: skipped, recorded for {GPUS_PER_POD}-GPU pods only")
         elif name == "sets-v2":

@@ -20,6 +20,8 @@ from dra_driver.devices import (
     holdings,
     migcontrol,
     model,
+    passthrough,
+    vfiohost,
 )
 from dra_driver.driver import (
     cdi,
@@ -34,6 +36,7 @@ from dra_driver.driver import (
 )
 from dra_driver.driver import driver as driver_mod
 from dra_driver.driver import mig as mig_mod
+from dra_driver.driver import vfio as vfio_mod
 from dra_driver.kube import api as kube
 from dra_driver.kube import client, impersonation, objectclient
 from dra_driver.nodelabels import agent as nodelabels
@@ -133,6 +136,7 @@ def build_driver(
         mig_instances=mig_mod.MigInstances(control=mig_control, devices=preparable, log=log),
         device_taints=device_taints,
         held_gpus=held_gpus,
+        vfio=_vfio_part(settings, devices, mig_control, log),
     )
     if locks is None:
         claim_state.recover()
@@ -306,4 +310,23 @@ def start_node_labels(
         source=source,
         log=log.bind(component="node-labels"),
         resync_s=settings.node_labels_resync_s,
+    )
+
+
+def _vfio_part(
+    settings: PluginSettings,
+    devices: model.NodeDevices,
+    mig_control: migcontrol.MigControl | None,
+    log: structlog.typing.FilteringBoundLogger,
+) -> vfio_mod.VfioPart | None:
+    """The passthrough part when GPUs are offered to VMs (docs/passthrough.md); NVML's process
+    list of a GPU (through the MIG control's) is what refuses a GPU in use."""
+    if not passthrough.marked(devices):
+        return None
+    return vfio_mod.VfioPart(
+        host=vfiohost.VfioHost(settings.vfio_root),
+        directory=settings.plugin_dir / vfio_mod.JOURNAL_DIR,
+        node=devices,
+        processes=mig_control.processes if mig_control is not None else None,
+        log=log.bind(component="vfio"),
     )

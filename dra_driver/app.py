@@ -43,6 +43,8 @@ from dra_driver.devices import (
     health,
     holdings,
     migprofiles,
+    passedthrough,
+    passthrough,
 )
 from dra_driver.driver import driver as driver_mod
 from dra_driver.driver import periodic
@@ -50,7 +52,7 @@ from dra_driver.kube import api as kube
 from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.nodeparts import gpu_control_for, mig_control_for, mps_daemons_for
 from dra_driver.pluginsettings import PluginSettings
-from dra_driver.slices import build, leader, serverfeatures, taints
+from dra_driver.slices import build, leader, serverfeatures, taints, vfioslices
 
 # PluginSettings and the part builders (:mod:`dra_driver.agentparts`) are re-exported: the CLI,
 # the fault suite and the tests configure the agent through ``app``.
@@ -131,6 +133,9 @@ def run(
         shareable=settings.shareable,
         server=str(getattr(api, "server", "") or ""),
     )
+    refused = refused or vfioslices.refusal(  # --passthrough needs counters too
+        kept.shared_counters, devices, settings.vfio, server=str(getattr(api, "server", "") or "")
+    )
     if refused:
         raise StartupError(refused)
     # An auto: dynamic MIG selection the server cannot take is off for this run: the driver
@@ -140,6 +145,11 @@ def run(
         kept, dynamic_mig=settings.dynamic, shareable=settings.shareable
     )
     settings = dataclasses.replace(settings, dynamic_mig=dynamic.text)
+    vfio, unoffered = vfioslices.resolve(kept.shared_counters, settings.vfio), list[str]()
+    settings = dataclasses.replace(settings, passthrough=vfio.text)
+    devices = passthrough.mark(devices, vfio, unoffered)  # published twice (docs/passthrough.md)
+    for line in unoffered:
+        log.warning("GPU not offered for passthrough", reason=line)
     board = health_source or health.HealthBoard()
     held = holdings.HeldGpus()  # what prepared claims hold: the claim state writes, slices follow
     uuids = taints.published_uuids(
@@ -161,6 +171,10 @@ def run(
         )
     except OSError as exc:
         raise StartupError(f"cannot set up the plugin's files: {exc}") from exc
+    passed = passedthrough.PassedThrough(  # the GPUs on vfio-pci for a claim, asked live
+        driver.state.vfio.passed_through if driver.state.vfio is not None else None
+    )
+    passedthrough.export(metrics.registry, passed, devices)
     gpu_metrics = gpumetrics.start(
         registry=metrics.registry,
         backend_=backend,
@@ -179,6 +193,7 @@ def run(
         log=log.bind(component="health"),
         metrics=metrics,
         socket=settings.health_socket,
+        paused=passed.contains,
     )
     streams = health_service.HealthStreams(
         pool_name=settings.node_name,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -164,6 +164,7 @@ def start(
     log: structlog.typing.FilteringBoundLogger,
     metrics: metrics_mod.DriverMetrics,
     socket: Path | None,
+    paused: Callable[[str], bool] | None = None,
 ) -> NodeHealth:
     """Start watching ``published`` GPUs through ``nvml_api`` (None: no NVML, nothing watched)
     and serve the health socket at ``socket`` (None: no socket)."""
@@ -174,6 +175,7 @@ def start(
         names=names,
         log=log,
         on_recovered=lambda uuid: metrics.device_recovered(names.get(uuid, uuid)),
+        paused=paused,  # GPUs passed through to VMs (dra_driver.devices.passedthrough)
     )
     watch = None
     if not policy.enabled:

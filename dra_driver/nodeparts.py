@@ -137,8 +137,9 @@ def mig_control_for(
     settings: PluginSettings, backend: devices_backend.Backend
 ) -> migcontrol.MigControl | None:
     """MIG control over the backend's NVML (the stand-in for fake nodes, with its state file);
-    None when no GPU is dynamic (the agent then never changes a MIG layout)."""
-    if not settings.dynamic.enabled:
+    None when no GPU is dynamic (the agent then never changes a MIG layout) and none is offered
+    for passthrough (which asks it for a GPU's processes)."""
+    if not settings.dynamic.enabled and not settings.vfio.selection.enabled:
         return None
     # The fake backend's module is loaded only when --fake made one (a real node never loads it).
     fake = sys.modules.get("dra_driver.devices.fake")

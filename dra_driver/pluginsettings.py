@@ -18,6 +18,7 @@ from pathlib import Path
 from dra_driver import healthcontrol, records
 from dra_driver.computedomain.settings import ComputeDomainSettings
 from dra_driver.devices import healthpolicy, migprofiles
+from dra_driver.devices import passthrough as passthrough_mod
 from dra_driver.driver import checkpoint
 from dra_driver.kubelet import server
 from dra_driver.slices import shares
@@ -71,6 +72,10 @@ class PluginSettings:
     gpu_metrics_interval_s: float = 15.0  # one NVML telemetry pass per interval (0 = off)
     # The second driver, compute-domain.nvidia.com (docs/computedomains.md); None = off.
     compute_domains: ComputeDomainSettings | None = None
+    # GPUs offered for VFIO passthrough too (--passthrough, docs/passthrough.md), and the root
+    # whose sys/ and dev/ the agent binds them through (--vfio-root; a fake kernel's in tests).
+    passthrough: str = "none"
+    vfio_root: Path = Path("/")
 
     @property
     def plugin_dir(self) -> Path:
@@ -112,6 +117,10 @@ class PluginSettings:
     @property
     def dynamic(self) -> migprofiles.DynamicMig:
         return migprofiles.DynamicMig.parse(self.dynamic_mig)
+
+    @property
+    def vfio(self) -> passthrough_mod.Passthrough:
+        return passthrough_mod.Passthrough.parse(self.passthrough)
 
     @property
     def fake_mig_state(self) -> Path:

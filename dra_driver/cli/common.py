@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dra_driver.devices import backend, migprofiles
+from dra_driver.devices import backend, gpuselect, migprofiles, passthrough
 from dra_driver.slices import shares
 
 # The fake backend (its NVML stand-in, the profiles) is imported where a flag needs it: the
@@ -165,6 +165,30 @@ def dynamic_mig(args: argparse.Namespace) -> migprofiles.DynamicMig:
         return migprofiles.DynamicMig.parse(args.dynamic_mig)
     except migprofiles.SelectorError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def add_passthrough_flag(parser: argparse.ArgumentParser) -> None:
+    """``--passthrough none|all|REGEX|auto:SEL`` (env ``PASSTHROUGH``): GPUs offered for VFIO
+    passthrough to VMs as well (docs/passthrough.md)."""
+    from dra_driver.cli import env_default
+
+    parser.add_argument(
+        "--passthrough",
+        metavar="none|all|REGEX|auto:SEL",
+        default=env_default("PASSTHROUGH", "none"),
+        help="GPUs to offer for VFIO passthrough to VMs as well (each also published as "
+        "gpu-vfio-<minor>, DeviceClass vfio.gpu.nvidia.com; the scheduler picks per claim): "
+        "none, all, or a regular expression over the product name; auto:all or auto:REGEX only "
+        "where the API server keeps shared counters (env PASSTHROUGH; default none; "
+        "docs/passthrough.md)",
+    )
+
+
+def passthrough_from(args: argparse.Namespace) -> passthrough.Passthrough:
+    try:
+        return passthrough.Passthrough.parse(getattr(args, "passthrough", "none"))
+    except gpuselect.SelectionError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def make_backend(args: argparse.Namespace) -> backend.Backend:

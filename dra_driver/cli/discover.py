@@ -22,9 +22,10 @@ import yaml
 
 from dra_driver import cli, healthcontrol
 from dra_driver.cli import agentflags, common
-from dra_driver.devices import backend, health, model, render, topology
+from dra_driver.devices import backend, health, model, render, topology, vfiohost
 
 HealthView = render.HealthView
+PASSED_THROUGH = "PassedThrough"  # bound to vfio-pci for a VM: its health checks pause
 render_table = render.render_table
 
 
@@ -39,6 +40,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="list the claims the DRA agent prepared on this node, from its checkpoint under "
         f"--kubelet-plugins-dir (default {agentflags.DEFAULT_PLUGINS_DIR}) and --driver-name, "
         "with their devices and physical GPUs (UUID, minor)",
+    )
+    parser.add_argument(
+        "--vfio-root",
+        type=Path,
+        default=Path("/"),
+        help="where the host's sys/ is: a GPU bound to vfio-pci there (passed through to a VM, "
+        "docs/passthrough.md) shows health PassedThrough (default /)",
     )
     parser.set_defaults(handler=run)
 
@@ -91,7 +99,11 @@ def health_view(
         own = {u: [dataclasses.asdict(c) for c in cs] for u, cs in found.items()}
         origin = "nvml" if api is not None else "none"
     view: HealthView = {}
+    host = vfiohost.VfioHost(getattr(args, "vfio_root", Path("/")))
     for gpu in devices.gpus:
+        if host.driver(gpu.pci_bus_id) == vfiohost.VFIO:  # NVML cannot see it: no verdict
+            view[gpu.uuid] = {"health": PASSED_THROUGH, "conditions": [], "source": "sysfs"}
+            continue
         for uuid, conditions in [(gpu.uuid, own.get(gpu.uuid, []))] + [
             (m.uuid, own.get(m.uuid, []) + own.get(gpu.uuid, [])) for m in gpu.mig_devices
         ]:

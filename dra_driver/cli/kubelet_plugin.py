@@ -137,6 +137,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(env DEV_ROOT; default /)",
     )
     parser.add_argument(
+        "--vfio-root",
+        type=Path,
+        default=Path(env_default("VFIO_ROOT", "/") or "/"),
+        help="where this process sees the host's sys/ and dev/ for VFIO passthrough "
+        "(--passthrough), e.g. /host (env VFIO_ROOT; default /)",
+    )
+    parser.add_argument(
         "--mps-check-interval",
         type=float,
         default=float(env_default("MPS_CHECK_INTERVAL", "10") or 10),
@@ -156,6 +163,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common.add_backend_flags(parser)
     common.add_shareable_flag(parser)
     common.add_gpu_sets_flag(parser)
+    common.add_passthrough_flag(parser)
     parser.add_argument(
         "--watch-allocations",
         type=labelflags.parse_bool,
@@ -199,6 +207,7 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
     if not args.node_name:
         raise common.UsageError("--node-name (or NODE_NAME) is required")
     common.dynamic_mig(args)  # a bad value is a usage error, before anything starts
+    common.passthrough_from(args)
     if args.pod_uid and not checkpoint.valid_uid(args.pod_uid):
         raise common.UsageError(
             f"--pod-uid {args.pod_uid!r}: not a pod UID (letters, digits and '-' only)"
@@ -236,6 +245,8 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         gpu_metrics_interval_s=args.gpu_metrics_interval,
         compute_domains=cdflags.settings_from(args),
         **mpsflags.settings_from(args),
+        passthrough=common.passthrough_from(args).text,
+        vfio_root=args.vfio_root,
     )
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from dra_driver import cli
 from dra_driver.allocation import allocatedcheck, capacity, simulator
 from dra_driver.cli import common
-from dra_driver.devices import backend, model
+from dra_driver.devices import backend, model, passthrough
 from dra_driver.devices.fake import profiles
 from dra_driver.slices import build as slices_build
 
@@ -98,6 +98,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="driver name for slices built from a profile (default %(default)s)",
     )
     common.add_dynamic_mig_flag(parser)
+    common.add_passthrough_flag(parser)
     parser.add_argument(
         "--node-name",
         default=os.environ.get("NODE_NAME"),
@@ -153,6 +154,10 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
     node_name = args.node_name
     if args.fake or args.fake_file or not slices:
         node_devices = _devices(args)
+        try:  # GPUs offered to VMs too: their passthrough devices and counters
+            node_devices = passthrough.mark(node_devices, common.passthrough_from(args))
+        except common.UsageError as err:
+            raise simulator.SimulateError(str(err)) from err
         default = "fake-node" if args.fake or args.fake_file else socket.gethostname()
         node_name = node_name or default
         try:

@@ -25,9 +25,9 @@ import yaml
 
 from dra_driver import cli
 from dra_driver.cli import common
-from dra_driver.devices import backend
+from dra_driver.devices import backend, passthrough
 from dra_driver.kube import client, features
-from dra_driver.slices import build, gpusets, serverfeatures
+from dra_driver.slices import build, gpusets, serverfeatures, vfioslices
 
 
 def add_identity_flags(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +57,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="UID of the Node object, to include the owner reference the publisher sets",
     )
     common.add_dynamic_mig_flag(parser)
+    common.add_passthrough_flag(parser)
     common.add_gpu_sets_flag(parser)
     parser.add_argument(
         "--kubeconfig",
@@ -98,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
                     print(f"dra-driver: {effect}", file=sys.stderr)
         # As the agent starts: an auto: selection the server cannot take is off.
         dynamic, shareable = serverfeatures.resolve(kept, dynamic_mig=dynamic, shareable=shareable)
+        vfio = common.passthrough_from(args)
+        refused = vfioslices.refusal(kept.shared_counters, devices, vfio)
+        if refused:
+            return common.fail(refused, code=1)
+        devices = passthrough.mark(devices, vfioslices.resolve(kept.shared_counters, vfio))
         result = build.build(
             devices,
             node_name=args.node_name,
@@ -163,7 +169,11 @@ def _summary(node: str, slices: Sequence[Mapping[str, Any]]) -> str:
     counter_sets = sum(len(spec.get("sharedCounters") or ()) for spec in specs)
     gpus = [d for d in devices if _type(d) == "gpu"]
     migs = [d for d in devices if _type(d) == "mig"]
-    placements = sum("consumesCounters" in d for d in migs)  # dynamic: no instance yet
+    placements = sum(  # dynamic: no instance yet (a MIG set's counters, not passthrough's)
+        any(str(u.get("counterSet", "")).endswith("-mig") for u in d.get("consumesCounters") or ())
+        for d in migs
+    )
+    vfio = sum(_type(d) == "vfio" for d in devices)
     shareable = sum(bool(d.get("allowMultipleAllocations")) for d in gpus)
     kinds: list[str] = []
     if gpus:
@@ -172,7 +182,9 @@ def _summary(node: str, slices: Sequence[Mapping[str, Any]]) -> str:
         kinds.append(_count(len(migs) - placements, "MIG device"))
     if placements:
         kinds.append(_count(placements, "dynamic MIG placement"))
-    others = len(devices) - len(gpus) - len(migs)
+    if vfio:
+        kinds.append(_count(vfio, "passthrough device"))
+    others = len(devices) - len(gpus) - len(migs) - vfio
     if others:
         kinds.append(_count(others, "other device"))
     parts = [", ".join(kinds)] if kinds else []

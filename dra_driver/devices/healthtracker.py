@@ -83,14 +83,18 @@ class Tracker:
         log: structlog.typing.FilteringBoundLogger,
         clock: Clock = time.monotonic,
         on_recovered: Callable[[str], None] | None = None,
+        paused: Callable[[str], bool] | None = None,
     ) -> None:
-        """``names``: UUID → published device name (``gpu-3``), for logs and status."""
+        """``names``: UUID → published device name (``gpu-3``), for logs and status;
+        ``paused(uuid)``: what is seen about that GPU now is ignored (passed through to a VM:
+        NVML cannot see it, :mod:`dra_driver.devices.passedthrough`)."""
         self.board = board
         self.policy = policy
         self.names = dict(names)
         self.log = log
         self.clock = clock
         self._on_recovered = on_recovered
+        self._paused = paused
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._recoveries: dict[str, int] = {}
@@ -106,6 +110,8 @@ class Tracker:
     ) -> None:
         """Apply what was just seen about ``uuid``: new or repeated ``found`` conditions,
         polled checks that ``passed``, an observed ``reset``, an ``explicit`` recovered event."""
+        if self._paused is not None and self._paused(uuid):
+            return  # on vfio-pci for a VM: NVML's silence or errors say nothing about it
         with self._lock:
             now = self.clock()
             entry = self._entries.get(uuid)

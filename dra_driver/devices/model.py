@@ -110,6 +110,11 @@ class Gpu:
     fabric: FabricInfo | None = None
     # MIG-capable GPUs: the profiles NVML offers (in MIG mode or not); empty otherwise.
     mig_profiles: tuple[MigProfile, ...] = ()
+    # The GPU's IOMMU group (``/sys/bus/pci/devices/<bdf>/iommu_group``); None: no IOMMU.
+    iommu_group: int | None = None
+    # Offered for VFIO passthrough as well (``--passthrough`` selected it, after discovery:
+    # :func:`dra_driver.devices.passthrough.mark`); published twice then (docs/passthrough.md).
+    passthrough: bool = False
 
     @property
     def name(self) -> str:

@@ -191,6 +191,7 @@ class PynvmlBackend:
             pci_bus_id=bus_id,
             pcie_root=self._sysfs.pcie_root(bus_id),
             numa_node=self._numa(handle, bus_id),
+            iommu_group=self._sysfs.iommu_group(bus_id),
             mig_enabled=mig_enabled,
             mig_capable=mig_mode is not None,
             mig_devices=(

@@ -29,6 +29,10 @@ class Sysfs(Protocol):
         """The machine's model (DMI product name, e.g. ``DGX H100``), or None when unknown."""
         ...
 
+    def iommu_group(self, bus_id: str) -> int | None:
+        """The device's IOMMU group number, or None when the IOMMU is off or it is unknown."""
+        ...
+
 
 class HostSysfs:
     """The real ``/sys`` (or a copy of its layout under ``root``, for tests)."""
@@ -58,6 +62,14 @@ class HostSysfs:
         except (OSError, ValueError):
             return None
         return node if node >= 0 else None
+
+    def iommu_group(self, bus_id: str) -> int | None:
+        """The name of the group ``iommu_group`` links to (``.../iommu_groups/<n>``)."""
+        try:
+            target = os.readlink(self._device(bus_id) / "iommu_group")
+            return int(Path(target).name)
+        except (OSError, ValueError):
+            return None
 
     def machine_type(self) -> str | None:
         """``/sys/class/dmi/id/product_name``, trimmed; None when absent, unreadable or empty."""

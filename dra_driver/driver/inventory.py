@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dra_driver import records
-from dra_driver.devices import gpusets, migcontrol, migprofiles, model
+from dra_driver.devices import gpusets, migcontrol, migprofiles, model, passthrough
 
 MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
 _MIG_MINOR_LINE = re.compile(r"^(\S+)\s+(\d+)$")
@@ -185,8 +185,24 @@ def build(
                 device_nodes=(f"/dev/nvidia{gpu.minor}", *nodes),
                 problem=problem,
             )
+    devices.update(passthrough_devices(node))  # GPUs offered to VMs too (docs/passthrough.md)
     settable = frozenset(g.name for g in node.gpus if not g.mig_enabled or dynamic.selects(g))
     return Inventory(devices=devices, settable=settable, mig_minors=mig_minors, node=node)
+
+
+def passthrough_devices(node: model.NodeDevices) -> dict[str, PreparableDevice]:
+    """``gpu-vfio-<minor>`` of each GPU offered for passthrough (kind ``vfio``): its nodes are
+    the ``/dev/vfio`` ones prepare finds once the GPU is on vfio-pci (:mod:`.vfio`)."""
+    return {
+        passthrough.device_name(g): PreparableDevice(
+            name=passthrough.device_name(g),
+            kind=passthrough.DEVICE_TYPE,
+            uuid=g.uuid,
+            parent_minor=g.minor,
+            device_nodes=(),
+        )
+        for g in passthrough.marked(node)
+    }
 
 
 def mig_nodes(

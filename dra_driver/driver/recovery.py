@@ -25,6 +25,7 @@ from dra_driver import logs
 from dra_driver.devices import holdings
 from dra_driver.driver import cdi, checkpoint, claims, devicemeta, inventory, lazymps, sharing
 from dra_driver.driver import mig as mig_mod
+from dra_driver.driver import vfio as vfio_mod
 from dra_driver.driver.ownership import Ownership
 from dra_driver.driver.recordviews import allocated_of, held_by, ref_of
 from dra_driver.driver.sharing import GpuSharing
@@ -57,6 +58,9 @@ class ClaimStateParts(Protocol):
 
     @property
     def mig(self) -> mig_mod.MigInstances: ...
+
+    @property
+    def vfio(self) -> vfio_mod.VfioPart | None: ...
 
     @property
     def ownership(self) -> Ownership: ...
@@ -93,6 +97,8 @@ def recover(state: ClaimStateParts) -> None:
     if state.mps is not None:  # daemons of prepared claims adopted or restarted, others stopped
         state.mps.recover([r for r in report.records if r.state == checkpoint.PREPARE_COMPLETED])
     unprepared = state.mig.recover(report.records)  # records whose MIG instance is gone
+    if state.vfio is not None:  # GPUs on vfio-pci: kept for prepared claims, others given back
+        unprepared |= state.vfio.recover(report.records)
     for record in report.records:
         clog = logs.claim_logger(
             state.log, uid=record.uid, namespace=record.namespace, name=record.name

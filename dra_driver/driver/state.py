@@ -61,6 +61,7 @@ from dra_driver.driver import (
     sharing,
 )
 from dra_driver.driver import mig as mig_mod
+from dra_driver.driver import vfio as vfio_mod
 from dra_driver.driver.ownership import ClaimLocks, DeviceBusy, Ownership
 from dra_driver.kube import api as kube
 
@@ -111,6 +112,7 @@ class ClaimState:
         mps: lazymps.MpsPart | None = None,
         held_gpus: holdings.HeldGpus | None = None,
         prepared: claiminfo.PreparedClaims | None = None,
+        vfio: vfio_mod.VfioPart | None = None,
     ) -> None:
         """``device_taints``: a device's taints now; a claim whose request does not tolerate
         one (NoSchedule / NoExecute) is refused, naming the taint and why it is there.
@@ -135,6 +137,7 @@ class ClaimState:
             root=store.directory / devicemeta.DIRECTORY, driver_name=driver_name, devices=devices
         )
         self.prepared = prepared or claiminfo.PreparedClaims()
+        self.vfio = vfio  # GPUs passed through to VMs (docs/passthrough.md); None: none offered
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -186,7 +189,8 @@ class ClaimState:
             if self.mps is not None:
                 self.mps.check_time_slicing(ref, [t.uuid for t in wanted])
             migs = self.mig.intents(ref, allocated)  # dynamic MIG: specs need the new UUIDs
-            spec = {} if migs else self.specs.build(ref, planned, mounts=meta)
+            vfios = vfio_mod.claim_targets(self.vfio, ref, allocated)  # nodes known once bound
+            spec = {} if migs or vfios else self.specs.build(ref, planned, mounts=meta)
             self.ownership.reserve(ref, self.owned(allocated))
             try:
                 record = self._record(ref, allocated, planned, spec, migs, needs)
@@ -196,6 +200,11 @@ class ClaimState:
                 self.sharing.apply(ref, wanted)
                 if self.mps is not None:
                     self.mps.acquire(ref, needs, time_sliced=set(self.sharing.applied()))
+                if vfios and self.vfio is not None:
+                    nodes = self.vfio.apply(ref, vfios)
+                    spec = vfio_mod.spec(self.specs, ref, planned, nodes, mounts=meta)
+                    text = checkpoint.encode_json(spec)
+                    record = self._record(ref, allocated, planned, spec, migs, needs)
                 planned, made = self.mig.apply(ref, planned, allocated)
                 if made:
                     spec = self.specs.build(ref, planned, mounts=meta)
@@ -256,6 +265,8 @@ class ClaimState:
         if record is not None:
             self.sharing.release(_ref(record), sharing.recorded_targets(record, self.devices))
             self.mig.release(record)
+            if self.vfio is not None:  # the GPU back on nvidia before the record goes
+                self.vfio.release(ref, self.vfio.targets(d.deviceName for d in record.devices))
         self._remove_spec(ref)
         self.metadata.remove(ref, record)
         self.store.delete(ref.uid)
@@ -279,6 +290,11 @@ class ClaimState:
                 self.mig.release(record)
             except mig_mod.MigError as exc:
                 problems.append(str(exc))
+            if self.vfio is not None:
+                try:
+                    self.vfio.release(ref, self.vfio.targets(d.deviceName for d in record.devices))
+                except vfio_mod.VfioError as exc:
+                    problems.append(str(exc))
         for remove in (self._remove_spec, lambda r: self.metadata.remove(r, record)):
             try:
                 remove(ref)
@@ -322,7 +338,8 @@ class ClaimState:
 
     def owned(self, allocated: Sequence[claims.AllocatedDevice]) -> list[claims.AllocatedDevice]:
         """What a claim holds: its devices, and the memory slices of its dynamic MIG devices."""
-        return [*allocated, *self.mig.ownership_keys(allocated)]
+        vfio = vfio_mod.ownership_keys(self.devices, allocated) if self.vfio else []
+        return [*allocated, *self.mig.ownership_keys(allocated), *vfio]
 
     def _plan(
         self, ref: claims.ClaimRef, allocated: Sequence[claims.AllocatedDevice]

@@ -27,7 +27,7 @@ from typing import Any
 from dra_driver import records
 from dra_driver.apimachinery import semver
 from dra_driver.devices import migprofiles, model, topology
-from dra_driver.slices import gpusets, migslices, shares, validate
+from dra_driver.slices import gpusets, migslices, shares, validate, vfioslices
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -89,6 +89,17 @@ def build(
     kept = _valid(entries, node_name, driver_name, generation, problems)
     checked = len(kept)
     counter_sets = migslices.attach(devices, dynamic_mig, kept, quantity=_quantity)
+    if any(g.passthrough for g in devices.gpus):  # GPUs offered to VMs too (docs/passthrough.md)
+        counter_sets += vfioslices.attach(
+            devices,
+            dynamic_mig,
+            kept,
+            quantity=_quantity,
+            common=lambda g: _shared(g, problems),
+            memory=bytes_quantity,
+            problems=problems,
+        )
+        checked = 0  # their GPUs' devices now consume a counter
     if decorate is not None:
         decorate(kept)
         checked = 0  # a pass may change any device
@@ -295,6 +306,12 @@ def _common(gpu: model.Gpu, attrs: Obj, problems: list[str], device: str) -> Non
         attrs[PCIE_ROOT] = {"string": gpu.pcie_root}
     if gpu.numa_node is not None:
         attrs[NUMA_NODE] = {"int": gpu.numa_node}
+
+
+def _shared(gpu: model.Gpu, problems: list[str]) -> Obj:
+    attrs: Obj = {}
+    _common(gpu, attrs, problems, gpu.name)
+    return attrs
 
 
 def _gpu_device(gpu: model.Gpu, topo: topology.Topology, problems: list[str]) -> Obj:

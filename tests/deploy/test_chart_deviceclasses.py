@@ -44,9 +44,10 @@ def test_defaults_leave_out_the_extended_resource_class(rc: ModuleType) -> None:
         "gpu-set.nvidia.com",
         "gpu.nvidia.com",
         "mig.nvidia.com",
+        "vfio.gpu.nvidia.com",
     ]
     only_gpu = _chart_classes(
-        rc, {"deviceClasses": {"mig": False, "gpuSet": False, "gpuRanked": False}}
+        rc, {"deviceClasses": {"mig": False, "gpuSet": False, "gpuRanked": False, "vfio": False}}
     )
     assert sorted(only_gpu) == ["gpu.nvidia.com"]
 

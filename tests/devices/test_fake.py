@@ -6,7 +6,9 @@ Discovery through NVML must give equal dataclasses for every built-in profile. F
 the model later (``mig_capable``, ``machine_type``, for node labels) were added to the recordings
 from the profiles that state them. MIG profile tables (``Gpu.mig_profiles``) are NVML facts only:
 they are left out of the comparison and tested in ``test_fakemig.py``, as is ``h100-mig``, a
-profile added after the direct conversion was gone.
+profile added after the direct conversion was gone. IOMMU groups (``Gpu.iommu_group``, for
+passthrough) came later too: left out here, tested in ``tests/slices/test_vfioslices.py`` with
+``pcie-l4-shared-iommu``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dra_driver.devices import fake, model
 from dra_driver.devices.fake import profiles
 
 RECORDED = Path(__file__).parent / "data" / "direct"
-LATER = {"h100-mig"}  # profiles added after the direct conversion was gone
+LATER = {"h100-mig", "pcie-l4-shared-iommu"}  # profiles added after the direct conversion was gone
 
 
 def from_dict(data: dict[str, Any]) -> model.NodeDevices:
@@ -54,7 +56,9 @@ def test_every_builtin_profile_was_recorded() -> None:
 def test_nvml_path_equals_the_recorded_direct_conversion(name: str) -> None:
     recorded = from_dict(json.loads((RECORDED / f"{name}.json").read_text()))
     found = fake.FakeBackend.from_name(name).discover()
-    without_tables = tuple(dataclasses.replace(g, mig_profiles=()) for g in found.gpus)
+    without_tables = tuple(
+        dataclasses.replace(g, mig_profiles=(), iommu_group=None) for g in found.gpus
+    )
     assert dataclasses.replace(found, gpus=without_tables) == recorded
 
 

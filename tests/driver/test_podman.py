@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Node, claim_obj, gpu_config, new_uid, opaque
+from .conftest import Node, claim_obj, gpu_config, new_uid, opaque, ref_of
 
 PODMAN = shutil.which("podman")
 # Outside CI a missing podman skips with the reason; in CI (CI=true) it is a failure, so the
@@ -205,3 +205,52 @@ def test_container_of_a_gpu_share_gets_the_mps_env_and_pipe_mount(
     assert sorted(mount_part.split()) == ["/dev/shm", "/tmp/nvidia-mps"]
     assert node.driver.unprepare([ref]) == {ref.uid: ""}
     assert sharekit.daemon_records(node) == {}
+
+
+def test_container_of_a_vm_claim_sees_exactly_its_vfio_nodes(
+    podman: list[str], tmp_path: Path
+) -> None:
+    """A passthrough claim on the fake kernel (docs/passthrough.md): the container sees its GPU's
+    /dev/vfio/<group> and /dev/vfio/vfio, no other group's node, no /dev/nvidia*, and the VM env."""
+    from dra_driver import app, logs
+    from dra_driver.devices import fake, passthrough
+    from dra_driver.testing import fakesysfs
+    from dra_driver.testing.fakeapi import memory
+
+    from .conftest import DRIVER, NODE
+
+    devices = passthrough.mark(
+        fake.FakeBackend.from_name("dgx-h100").discover(), passthrough.Passthrough.parse("all")
+    )
+    (tmp_path / "boot_id").write_text("boot-1\n")
+    settings = app.PluginSettings(
+        node_name=NODE, driver_name=DRIVER, registry_dir=tmp_path / "registry",
+        plugins_dir=tmp_path / "plugins", cdi_root=tmp_path / "cdi", driver_root=tmp_path / "x",
+        fake=True, boot_id_file=tmp_path / "boot_id", cleanup_interval_s=0, publish=False,
+        passthrough="all", vfio_root=tmp_path / "host",
+    )  # fmt: skip
+    api = memory.InMemoryApi(use_default_cel=False)
+    with fakesysfs.running(tmp_path / "host", fakesysfs.groups_of(devices)):
+        driver = app.build_driver(settings, devices=devices, api=api, log=logs.get("test"))
+        try:
+            obj = claim_obj(name="vm", uid=new_uid(), devices=["gpu-vfio-3"])
+            api.put_resource_claim(obj)
+            ref = ref_of(obj)
+            result = driver.prepare([ref])[ref.uid]
+            assert result.error == ""
+            ids = [i for d in result.devices for i in d.cdi_device_ids]
+            out = run_with_cdi(
+                podman,
+                settings.cdi_root,
+                ids,
+                "ls -1 /dev/vfio; echo ---; ls /dev | grep nvidia; "
+                "echo ---; env | grep ^NVIDIA_VISIBLE",
+            )
+            vfio_part, nvidia_part, env_part = out.split("---\n")
+            group = devices.gpus[3].iommu_group
+            assert sorted(vfio_part.split()) == sorted([str(group), "vfio"])
+            assert nvidia_part.strip() == ""
+            assert env_part.strip() == "NVIDIA_VISIBLE_DEVICES=void"
+            assert driver.unprepare([ref]) == {ref.uid: ""}
+        finally:
+            driver.close()

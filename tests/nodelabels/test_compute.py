@@ -61,6 +61,8 @@ EXPECTED = {
                     "535.216.01", "12.2", None),
     "pcie-l4": ("NVIDIA-L4", 4, 23034, "ada-lovelace", "8.9", "g6.12xlarge", "false",
                 "580.95.05", "13.0", None),
+    "pcie-l4-shared-iommu": ("NVIDIA-L4", 4, 23034, "ada-lovelace", "8.9", "g6.12xlarge",
+                             "false", "580.95.05", "13.0", None),
 }  # fmt: skip
 
 

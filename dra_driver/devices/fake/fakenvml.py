@@ -353,6 +353,7 @@ class ProfileSysfs:
     def __init__(self, profile: profiles.Profile) -> None:
         self._gpus = {nvml.sysfs_bus_id(g.pci_bus_id): g for g in profile.gpus}
         self._machine_type = profile.machine_type
+        self._positions = {nvml.sysfs_bus_id(g.pci_bus_id): i for i, g in enumerate(profile.gpus)}
 
     def pcie_root(self, bus_id: str) -> str | None:
         gpu = self._gpus.get(bus_id)
@@ -364,3 +365,10 @@ class ProfileSysfs:
 
     def machine_type(self) -> str | None:
         return self._machine_type
+
+    def iommu_group(self, bus_id: str) -> int | None:
+        """The profile's ``iommuGroup``; by default a group of its own per GPU (20 + position)."""
+        gpu = self._gpus.get(bus_id)
+        if gpu is None:
+            return None
+        return gpu.iommu_group if gpu.iommu_group is not None else 20 + self._positions[bus_id]

@@ -128,6 +128,8 @@ class GpuSpec(GpuDefaults):
     pcie_switch: str | None = field(default=None, metadata=rules(alias="pcieSwitch"))
     numa_node: int | None = field(default=None, metadata=rules(alias="numaNode", ge=0))
     mig: list[MigSpec] | None = None  # present (even empty) = MIG mode on, with these instances
+    # The IOMMU group; absent = a group of its own (docs/passthrough.md).
+    iommu_group: int | None = field(default=None, metadata=rules(alias="iommuGroup", ge=0))
 
 
 @records.record(kw_only=True)
