@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 from dra_driver import cli, demo
 from dra_driver.cli import common, env_default
 from dra_driver.devices import fake
 from dra_driver.devices.fake import profiles
+
+# ``--keep`` without DIR: a fresh directory under /tmp (short: unix socket paths), kept.
+KEEP_TEMP = object()
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,7 +43,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--keep",
         metavar="DIR",
         type=Path,
-        help="work in DIR and keep it (sockets, CDI specs, checkpoint, logs)",
+        nargs="?",
+        const=KEEP_TEMP,
+        help="keep the working directory (sockets, CDI specs, checkpoint, logs) and say where: "
+        "DIR, or without DIR a new one under /tmp",
     )
     parser.add_argument(
         "--scene",
@@ -59,11 +66,14 @@ def run(args: argparse.Namespace) -> int:
         )
     except profiles.ProfileError as exc:
         return common.fail(str(exc))
+    keep: Path | None = args.keep
+    if args.keep is KEEP_TEMP:
+        keep = Path(tempfile.mkdtemp(prefix="dra-demo-", dir="/tmp"))
     return demo.run(
         backend=backend,
         node_name=args.node_name,
         driver_name=args.driver_name,
         out=sys.stdout,
-        keep=args.keep,
+        keep=keep,
         scenes=args.scene,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,41 @@ def test_demo_unknown_profile_is_exit_2(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "unknown fake profile 'nope'" in proc.stderr
+
+
+def test_demo_on_dgx_h100_says_why_the_mig_example_does_not_fit() -> None:
+    """The default profile's H100s have MIG off: the MIG claim is refused with the reason, and
+    the demo says so rather than claiming a MIG device (a100-mig prepares one, above)."""
+    out = io.StringIO()
+    code = demo.run(
+        backend=fake.FakeBackend.from_name("dgx-h100"),
+        node_name="n1",
+        driver_name="gpu.nvidia.com",
+        out=out,
+        scenes=["core"],
+    )
+    text = out.getvalue()
+    assert code == 0, text[-3000:]
+    assert "ResourceClaim mig-1g cannot be allocated on node n1" in text
+    assert "[ok] this node has no 1g.5gb MIG device (MIG devices here: none;" in text
+
+
+@pytest.mark.parametrize("with_dir", [True, False])
+def test_demo_keep_keeps_the_working_directory_and_says_where(
+    tmp_path: Path, with_dir: bool
+) -> None:
+    argv = [sys.executable, "-m", "dra_driver", "demo", "--scene", "core", "--fake", "pcie-l4"]
+    argv += ["--keep", str(tmp_path / "work")] if with_dir else ["--keep"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("kept the working directory: ")]
+    kept = Path(line.split(": ", 1)[1].split(" (", 1)[0])
+    try:
+        if with_dir:
+            assert kept == tmp_path / "work"
+        else:
+            assert kept.parent == Path("/tmp") and kept.name.startswith("dra-demo-")
+        assert (kept / "core").is_dir() and any((kept / "core").rglob("*.log"))
+    finally:
+        if not with_dir:
+            shutil.rmtree(kept, ignore_errors=True)
