@@ -6,6 +6,7 @@ import io
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -168,18 +169,38 @@ def test_demo_on_dgx_h100_says_why_the_mig_example_does_not_fit() -> None:
 def test_demo_keep_keeps_the_working_directory_and_says_where(
     tmp_path: Path, with_dir: bool
 ) -> None:
+    short = Path(tempfile.mkdtemp(prefix="dk", dir="/tmp"))  # tmp_path: too long for sockets
     argv = [sys.executable, "-m", "dra_driver", "demo", "--scene", "core", "--fake", "pcie-l4"]
-    argv += ["--keep", str(tmp_path / "work")] if with_dir else ["--keep"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    [line] = [x for x in proc.stdout.splitlines() if x.startswith("kept the working directory: ")]
-    kept = Path(line.split(": ", 1)[1].split(" (", 1)[0])
+    argv += ["--keep", str(short / "work")] if with_dir else ["--keep"]
+    kept: Path | None = None
     try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        [line] = [
+            x for x in proc.stdout.splitlines() if x.startswith("kept the working directory: ")
+        ]
+        kept = Path(line.split(": ", 1)[1].split(" (", 1)[0])
         if with_dir:
-            assert kept == tmp_path / "work"
+            assert kept == short / "work"
         else:
             assert kept.parent == Path("/tmp") and kept.name.startswith("dra-demo-")
         assert (kept / "core").is_dir() and any((kept / "core").rglob("*.log"))
     finally:
-        if not with_dir:
+        shutil.rmtree(short, ignore_errors=True)
+        if kept is not None and not with_dir:
             shutil.rmtree(kept, ignore_errors=True)
+
+
+def test_demo_keep_refuses_a_directory_too_long_for_its_sockets(tmp_path: Path) -> None:
+    long = tmp_path / ("x" * 40)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "demo", "--scene", "core", "--keep", str(long)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert f"dra-driver: error: --keep {long}: " in proc.stderr
+    assert "use a directory of at most 40 bytes" in proc.stderr
+    assert "Traceback" not in proc.stderr and not long.exists()
