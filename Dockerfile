@@ -1,7 +1,8 @@
 # dra-driver container image: one image for every mode, `dra-driver <subcommand>`.
 #
-# Build (needs a Docker engine; CI has none, e2e/kind-up.sh builds it):
-#   docker build -t dra-driver:dev .
+# Build with `make image` (docker, or podman where only podman is installed; needs network for
+# the base image and the packages): tags dra-driver:<version>, the chart's default image;
+# `make image IMAGE=registry.example.com/gpu/dra-driver:0.1.0` for a registry (README, Deploying).
 #
 # Privileges by mode (the image defaults to an unprivileged user; the Helm chart raises them
 # only for the node agents, which cannot work without):

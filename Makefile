@@ -1,23 +1,69 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   - the whole node pipeline on an embedded fake GPU profile (no cluster, no GPU)
 #   make test   - the test suite (plus lint and type checks)
-# Both create .venv and install the pinned dependencies on first use.
+# Both create .venv and install the pinned dependencies on first use: `make demo` the runtime
+# ones and the demo's (the extra `demo`), `make test` the development tools too (`dev`).
+# `make help` lists every target.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The runtime dependencies and the demo's (the test kit's API server validates with the
+# Kubernetes schemas): what `make demo` needs. $(STAMP) adds the development tools.
+RUN_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test lint pytest system-deps proto profiles clean chart e2e e2e-down faults mutate gpu-check
+.PHONY: help dev image
 
-$(STAMP): pyproject.toml constraints.txt
+$(RUN_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[demo]'
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP) pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(BIN)/dra-driver demo
+
+# The development tools without running anything (`make test` installs them itself).
+dev: $(STAMP)
+
+help:
+	@echo "make demo        the node pipeline on fake GPUs, six scenes, no cluster, no GPU (installs the runtime deps)"
+	@echo "make test        lint, type checks and the test suite (installs the dev tools; Debian packages, saying so first)"
+	@echo "make dev         install the dev tools into .venv, run nothing"
+	@echo "make lint        ruff, ruff format --check, mypy, hadolint"
+	@echo "make pytest      the test suite alone (at most PYTEST_MAX_WORKERS=$(PYTEST_MAX_WORKERS) workers)"
+	@echo "make image       build the container image $(IMAGE) with docker or podman (IMAGE=..., CONTAINER_ENGINE=...)"
+	@echo "make chart       lint and render the Helm chart, check deployments/static"
+	@echo "make e2e         kind cluster, image, chart, then the e2e suite (needs docker, kind, kubectl)"
+	@echo "make e2e-down    delete the kind cluster"
+	@echo "make faults      the fault suite (a few minutes)"
+	@echo "make gpu-check   the real-GPU checks (on a node with NVIDIA GPUs)"
+	@echo "make mutate      mutation testing (MODULE=driver|slices|placement|schema|deviceplugin)"
+	@echo "make proto       regenerate dra_driver/pb from proto/"
+	@echo "make profiles    regenerate the built-in fake GPU profiles"
+	@echo "make clean       remove .venv and the tool caches"
+
+# The container image (Dockerfile), tagged as the chart's and deployments/static's default
+# image, dra-driver:<version>; IMAGE=registry.example.com/gpu/dra-driver:0.1.0 for a registry.
+# Docker when it is installed (kind loads images from it), else podman; CONTAINER_ENGINE picks.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= dra-driver:$(VERSION)
+CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman)
+image:
+	@if [ -z "$(CONTAINER_ENGINE)" ]; then \
+		echo "make image: neither docker nor podman is installed: install one (or set CONTAINER_ENGINE)" >&2; \
+		exit 2; \
+	fi
+	@echo "make image: building $(IMAGE) with $(CONTAINER_ENGINE)"
+	$(CONTAINER_ENGINE) build -t $(IMAGE) --build-arg VERSION=$(VERSION) \
+		--build-arg REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) .
+	@echo "make image: built $(IMAGE) (for a registry: make image IMAGE=REGISTRY/dra-driver:$(VERSION), then $(notdir $(CONTAINER_ENGINE)) push it)"
 
 test: system-deps lint pytest
 
@@ -41,9 +87,11 @@ system-deps:
 	@if command -v podman >/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ]; then \
 		echo "system packages present: $(SYSTEM_PACKAGES)"; \
 	elif [ "$$(id -u)" = 0 ]; then \
+		echo "make test: installing the container test's Debian packages with apt-get as root: $(SYSTEM_PACKAGES)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			--no-install-recommends $(SYSTEM_PACKAGES); \
 	elif command -v sudo >/dev/null; then \
+		echo "make test: installing the container test's Debian packages with sudo apt-get: $(SYSTEM_PACKAGES)"; \
 		sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			--no-install-recommends $(SYSTEM_PACKAGES); \
 	else \

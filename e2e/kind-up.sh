@@ -22,7 +22,9 @@ need docker "install Docker; image builds need a running engine"
 need kind "install kind >= 0.32 (kind.sigs.k8s.io)"
 need kubectl "install kubectl"
 docker info >/dev/null 2>&1 || { echo "kind-up: no Docker engine is running" >&2; exit 2; }
-[ -x "$PY" ] || { echo "kind-up: $PY missing: run 'make test' once to create .venv" >&2; exit 2; }
+# The suite (pytest) and, without helm, the chart renderer (Helm's engine from PyPI) are dev tools.
+"$PY" -c 'import pytest, helm_python' 2>/dev/null \
+  || { echo "kind-up: $PY lacks the dev tools: run 'make dev' (or 'make test') once" >&2; exit 2; }
 
 if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
   echo "kind-up: reusing cluster $CLUSTER"
@@ -32,7 +34,9 @@ else
 fi
 kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG"
 
-docker build -t "$IMAGE" --build-arg REVISION="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" .
+# The image as `make image` builds it, under the tag e2e/values-kind.yaml names; docker, since
+# `kind load docker-image` reads docker's image store.
+make --no-print-directory image IMAGE="$IMAGE" CONTAINER_ENGINE=docker
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
 if command -v helm >/dev/null 2>&1; then

@@ -100,7 +100,7 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
 def test_the_readme_lists_every_demo_scene_and_counts_them() -> None:
     text = " ".join(README.read_text(encoding="utf-8").split())
     assert re.findall(r"`--scene ([\w-]+)`", text) == demo.scene_names()
-    count = re.search(r"`make demo` runs `dra-driver demo`, (\w+) scenes", text)
+    count = re.search(r"`make demo` runs `(?:\.venv/bin/)?dra-driver demo`, (\w+) scenes", text)
     assert count is not None and NUMBERS[count.group(1)] == len(demo.scene_names())
 
 

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from dra_driver import cli, demo
 from dra_driver.cli import common, env_default
 from dra_driver.devices import fake
 from dra_driver.devices.fake import profiles
+
+# ``--keep`` without DIR: a fresh directory under /tmp (short: unix socket paths), kept.
+KEEP_TEMP = object()
+# The scenes' unix sockets lie deep below the working directory and a socket path has at most
+# 107 bytes: a DIR much longer than the default's 22 bytes failed a scene half-way, with a
+# traceback. Every scene passes with a DIR of this length.
+KEEP_MAX_BYTES = 40
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,7 +48,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--keep",
         metavar="DIR",
         type=Path,
-        help="work in DIR and keep it (sockets, CDI specs, checkpoint, logs)",
+        nargs="?",
+        const=KEEP_TEMP,
+        help="keep the working directory (sockets, CDI specs, checkpoint, logs) and say where: "
+        "DIR, or without DIR a new one under /tmp",
     )
     parser.add_argument(
         "--scene",
@@ -59,11 +71,22 @@ def run(args: argparse.Namespace) -> int:
         )
     except profiles.ProfileError as exc:
         return common.fail(str(exc))
+    keep: Path | None = args.keep
+    if args.keep is KEEP_TEMP:
+        keep = Path(tempfile.mkdtemp(prefix="dra-demo-", dir="/tmp"))
+    elif keep is not None:
+        keep = keep.absolute()
+        if len(os.fsencode(keep)) > KEEP_MAX_BYTES:
+            return common.fail(
+                f"--keep {keep}: {len(os.fsencode(keep))} bytes; the demo's unix sockets under "
+                f"it would exceed the 107 a socket path may have: use a directory of at most "
+                f"{KEEP_MAX_BYTES} bytes (e.g. under /tmp)"
+            )
     return demo.run(
         backend=backend,
         node_name=args.node_name,
         driver_name=args.driver_name,
         out=sys.stdout,
-        keep=args.keep,
+        keep=keep,
         scenes=args.scene,
     )

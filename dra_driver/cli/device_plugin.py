@@ -130,6 +130,16 @@ def config_from_args(args: argparse.Namespace) -> app.Config:
     )
 
 
+def _check_plugin_dir(path: Path) -> None:
+    """The kubelet makes its device-plugin directory when it starts; without it there is no
+    kubelet to register with, and creating host directories is not ours to do."""
+    if not path.is_dir():
+        raise common.UsageError(
+            f"--device-plugin-dir {path} is not a directory: the kubelet creates it when it "
+            "starts (is one running on this node?); point --device-plugin-dir at the kubelet's"
+        )
+
+
 def _choice(enum_type: type[_E], value: str, flag: str) -> _E:
     try:
         return enum_type(value)
@@ -144,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     board = health.HealthBoard()
     try:
         config = config_from_args(args)
+        _check_plugin_dir(config.plugin_dir)
         policy = healthflags.policy_from(args)
         source = common.make_backend(args)
         try:

@@ -81,6 +81,8 @@ def run(
                 node_name=node_name,
                 driver_name=driver_name,
             )
+    if keep is not None:
+        report.say(f"\nkept the working directory: {keep} (sockets, CDI specs, checkpoints, logs)")
     if report.problems:
         report.say(f"\ndemo FAILED: {len(report.problems)} check(s) failed:")
         for problem in report.problems:

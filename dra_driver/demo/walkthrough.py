@@ -33,6 +33,9 @@ WAVES = (
     ("h100-40gi", "shared-by-two-containers", "h100-or-any-gpu", "mig-1g", "cannot-fit"),
 )
 NAMESPACE = rigging.NAMESPACE
+# The MIG example asks for an A100 40GB profile: static MIG devices of a node in MIG mode. The
+# default dgx-h100's GPUs are MIG-capable with MIG off (no MIG devices): there it cannot fit.
+MIG_EXAMPLE, MIG_EXAMPLE_PROFILE = "mig-1g", "1g.5gb"
 Report = reporting.Report
 
 
@@ -150,6 +153,13 @@ def _allocate(
         if outcome.allocation is None:
             report.block(simulator.render(outcome, node_name=node_name), indent="     ")
             report.check(bool(outcome.explanation), "unsatisfiable, with an explanation")
+            if name == MIG_EXAMPLE:
+                report.check(
+                    not _mig_profiles(node_devices) & {MIG_EXAMPLE_PROFILE},
+                    f"this node has no {MIG_EXAMPLE_PROFILE} MIG device "
+                    f"(MIG devices here: {sorted(_mig_profiles(node_devices)) or 'none'}; "
+                    "`--fake a100-mig` has them, the mig scene creates instances at prepare)",
+                )
             continue
         results = outcome.allocation["devices"]["results"]
         report.say(
@@ -169,6 +179,10 @@ def _allocate(
         }
         claim.obj = api.put_resource_claim({**created, "status": status})
     return out
+
+
+def _mig_profiles(node_devices: model.NodeDevices) -> set[str]:
+    return {m.profile for gpu in node_devices.gpus for m in gpu.mig_devices}
 
 
 def _prepare_all(

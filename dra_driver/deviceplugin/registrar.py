@@ -168,6 +168,7 @@ class Endpoint:
     def _watch(self) -> None:
         registered_with: FileId | None = None
         warned_for: FileId | None = None
+        waiting = False  # said that kubelet.sock is missing, and it still is
         while not self._stop.is_set():
             if not self._socket_is_ours():
                 self._log.warning(
@@ -180,6 +181,13 @@ class Endpoint:
                     return
                 registered_with = None
             kubelet = _file_id(self.kubelet_socket)
+            if kubelet is None and not waiting:
+                # No kubelet (yet, or restarting): say what we wait for instead of waiting mutely.
+                self._log.info(
+                    "waiting for the kubelet's registration socket",
+                    kubelet=str(self.kubelet_socket),
+                )
+            waiting = kubelet is None
             if kubelet is not None and kubelet != registered_with:
                 try:
                     self._register()

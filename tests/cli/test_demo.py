@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,61 @@ def test_demo_unknown_profile_is_exit_2(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "unknown fake profile 'nope'" in proc.stderr
+
+
+def test_demo_on_dgx_h100_says_why_the_mig_example_does_not_fit() -> None:
+    """The default profile's H100s have MIG off: the MIG claim is refused with the reason, and
+    the demo says so rather than claiming a MIG device (a100-mig prepares one, above)."""
+    out = io.StringIO()
+    code = demo.run(
+        backend=fake.FakeBackend.from_name("dgx-h100"),
+        node_name="n1",
+        driver_name="gpu.nvidia.com",
+        out=out,
+        scenes=["core"],
+    )
+    text = out.getvalue()
+    assert code == 0, text[-3000:]
+    assert "ResourceClaim mig-1g cannot be allocated on node n1" in text
+    assert "[ok] this node has no 1g.5gb MIG device (MIG devices here: none;" in text
+
+
+@pytest.mark.parametrize("with_dir", [True, False])
+def test_demo_keep_keeps_the_working_directory_and_says_where(
+    tmp_path: Path, with_dir: bool
+) -> None:
+    short = Path(tempfile.mkdtemp(prefix="dk", dir="/tmp"))  # tmp_path: too long for sockets
+    argv = [sys.executable, "-m", "dra_driver", "demo", "--scene", "core", "--fake", "pcie-l4"]
+    argv += ["--keep", str(short / "work")] if with_dir else ["--keep"]
+    kept: Path | None = None
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        [line] = [
+            x for x in proc.stdout.splitlines() if x.startswith("kept the working directory: ")
+        ]
+        kept = Path(line.split(": ", 1)[1].split(" (", 1)[0])
+        if with_dir:
+            assert kept == short / "work"
+        else:
+            assert kept.parent == Path("/tmp") and kept.name.startswith("dra-demo-")
+        assert (kept / "core").is_dir() and any((kept / "core").rglob("*.log"))
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+        if kept is not None and not with_dir:
+            shutil.rmtree(kept, ignore_errors=True)
+
+
+def test_demo_keep_refuses_a_directory_too_long_for_its_sockets(tmp_path: Path) -> None:
+    long = tmp_path / ("x" * 40)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "demo", "--scene", "core", "--keep", str(long)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert f"dra-driver: error: --keep {long}: " in proc.stderr
+    assert "use a directory of at most 40 bytes" in proc.stderr
+    assert "Traceback" not in proc.stderr and not long.exists()

@@ -345,3 +345,36 @@ def test_labels_without_api_access_exit_2(plugin_dir: Path) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 2
     assert f"node labels need API access: kubeconfig {plugin_dir / 'missing'} does not exist" in err
+
+
+def test_a_missing_plugin_dir_is_one_line_and_is_not_created(tmp_path: Path) -> None:
+    """No kubelet on the host: the directory the kubelet makes is missing. We say so and leave
+    the host as it was (no /var/lib/kubelet/device-plugins made behind the user's back)."""
+    missing = tmp_path / "kubelet" / "device-plugins"
+    proc = start(missing, "--fake", "pcie-l4")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert f"dra-driver: error: --device-plugin-dir {missing} is not a directory" in err
+    assert "the kubelet creates it" in err
+    assert not (tmp_path / "kubelet").exists()
+
+
+def test_without_a_kubelet_it_says_which_socket_it_waits_for(plugin_dir: Path) -> None:
+    proc = start(plugin_dir, "--fake", "pcie-l4")
+    try:
+        deadline = time.monotonic() + 20
+        lines: list[dict[str, object]] = []
+        assert proc.stderr is not None
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(json.loads(line))
+            if lines[-1]["event"] == "waiting for the kubelet's registration socket":
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+    [waiting] = [e for e in lines if e["event"] == "waiting for the kubelet's registration socket"]
+    assert waiting["kubelet"] == str(plugin_dir / "kubelet.sock")
+    assert proc.returncode == 0

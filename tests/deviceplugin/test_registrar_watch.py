@@ -334,3 +334,28 @@ def test_stop_returns_even_when_the_watcher_is_stuck(
         assert not ep.socket_path.exists()
     finally:
         release.set()
+
+
+WAITING = "waiting for the kubelet's registration socket"
+
+
+def test_without_a_kubelet_it_says_once_which_socket_it_waits_for(
+    make_endpoint: MakeEndpoint, plugin_dir: Path, logged: Events
+) -> None:
+    ep = make_endpoint()
+    ep.start()
+    _wait_for(lambda: bool(events_named(logged, WAITING)))
+    time.sleep(0.3)  # six more polls without a kubelet: still one line
+    [waiting] = events_named(logged, WAITING)
+    assert waiting["log_level"] == "info"
+    assert waiting["kubelet"] == str(plugin_dir / "kubelet.sock")
+    assert waiting["resource"] == RESOURCE
+    kubelet = FakeKubelet(plugin_dir).start()
+    try:
+        assert ep.wait_registered(1, timeout=10)
+        kubelet.stop()  # kubelet.sock gone (a kubelet restart): the wait is said again
+        _wait_for(lambda: len(events_named(logged, WAITING)) == 2)
+        kubelet.start()
+        assert ep.wait_registered(2, timeout=10)
+    finally:
+        kubelet.stop()
