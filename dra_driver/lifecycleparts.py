@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -95,13 +95,11 @@ class Lifecycle:
 
     # --- the driver away and back ----------------------------------------------------------------
     def outage_changed(self, outage: driverwatch.Outage) -> None:
-        if outage.gone:
-            old = self.node_health.watcher
-            self.node_health.watcher = None
-            if old is not None:
-                old.stop()  # it holds NVML; a new one starts on the driver's return
-        elif self.node_health.watcher is None and self.watch is not None:
-            self._start_watcher(self.watch.devices)
+        follow_outage(
+            self.node_health,
+            outage,
+            restart=lambda: self._start_watcher(self.watch.devices) if self.watch else None,
+        )
 
     # --- the GPUs changed ------------------------------------------------------------------------
     def devices_changed(
@@ -163,30 +161,21 @@ class Lifecycle:
         state.device_taints = taints.lookup(self.board, uuids, self.settings.driver_name)
 
     def _start_watcher(self, devices: model.NodeDevices) -> None:
-        old = self.node_health.watcher
-        api = self.node_health.fake or getattr(old, "_api", None) or self._nvml_api
-        if not self.settings.health.enabled or api is None:
-            return
         uuids = taints.published_uuids(
             devices,
             node_name=self.settings.node_name,
             driver_name=self.settings.driver_name,
             dynamic_mig=self.settings.dynamic,
         )
-        new = watcher.Watcher(
-            api=api,
-            gpus=watcher.watched_gpus(devices, {u for each in uuids.values() for u in each}),
-            tracker=self.node_health.tracker,
+        restart_watcher(
+            self.node_health,
+            devices,
+            published={u for each in uuids.values() for u in each},
+            enabled=self.settings.health.enabled,
+            nvml_api=self._nvml_api,
+            metrics=self.metrics,
             log=self.log.bind(component="health"),
-            observe=self.metrics.health_event,
-            nvml_error=self.metrics.nvml_error,
         )
-        self.node_health.watcher = None
-        if old is not None:
-            old.stop()
-        new.start()
-        self.node_health.devices = devices
-        self.node_health.watcher = new
 
     _nvml_api: Any = None
 
@@ -255,9 +244,19 @@ class Lifecycle:
                 self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name
             ).warning("cannot report the vanished GPU in the claim's status", error=str(exc))
 
-    # --- the fake node's lifecycle op -------------------------------------------------------------
     def handle(self, req: Mapping[str, Any]) -> dict[str, Any]:
-        fake = self.node_health.fake
+        answer: dict[str, Any] = fake_lifecycle(self.node_health, self.log)(req)
+        return answer
+
+
+def fake_lifecycle(
+    node_health: nodehealth.NodeHealth, log: structlog.typing.FilteringBoundLogger
+) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """The health socket's ``lifecycle`` op: the fake node's driver and GPUs change (what
+    ``dra-driver fake-event --driver-unload`` and friends send); refused on real GPUs."""
+
+    def handle(req: Mapping[str, Any]) -> dict[str, Any]:
+        fake = node_health.fake
         if fake is None:
             return {
                 "ok": False,
@@ -289,10 +288,56 @@ class Lifecycle:
                 return {"ok": False, "error": f"unknown lifecycle action {action!r}"}
         except (ValueError, KeyError) as exc:
             return {"ok": False, "error": str(exc)}
-        self.log.info("fake driver lifecycle event", action=str(action), detail=message)
-        if self.watch is not None:
-            self.watch.rescan_soon()
+        # Not waking the watch: the agent finds the change as on a GPU node, at its next poll.
+        log.info("fake driver lifecycle event", action=str(action), detail=message)
         return {"ok": True, "message": message}
+
+    return handle
+
+
+def follow_outage(
+    node_health: nodehealth.NodeHealth, outage: driverwatch.Outage, *, restart: Any
+) -> None:
+    """The driver went away: stop the health watcher (it holds NVML); back: ``restart()`` it
+    unless the device change already did."""
+    if outage.gone:
+        old = node_health.watcher
+        node_health.watcher = None
+        if old is not None:
+            old.stop()
+    elif node_health.watcher is None:
+        restart()
+
+
+def restart_watcher(
+    node_health: nodehealth.NodeHealth,
+    devices: model.NodeDevices,
+    *,
+    published: set[str],
+    enabled: bool,
+    nvml_api: Any,
+    metrics: metrics_mod.DriverMetrics,
+    log: structlog.typing.FilteringBoundLogger,
+) -> None:
+    """A new health watcher over ``devices`` (the tracker, its history, stays)."""
+    old = node_health.watcher
+    api = node_health.fake or nvml_api
+    if not enabled or api is None:
+        return
+    new = watcher.Watcher(
+        api=api,
+        gpus=watcher.watched_gpus(devices, published),
+        tracker=node_health.tracker,
+        log=log,
+        observe=metrics.health_event,
+        nvml_error=metrics.nvml_error,
+    )
+    node_health.watcher = None
+    if old is not None:
+        old.stop()
+    new.start()
+    node_health.devices = devices
+    node_health.watcher = new
 
 
 def start(
