@@ -31,14 +31,14 @@ import structlog
 from dra_driver import driverwatch, health_server, logs, nodehealth
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import health, model, rediscovery, watcher
-from dra_driver.driver import claims, claimstatus, inventory
+from dra_driver.driver import claims, claimstatus, inventory, vanished
 from dra_driver.driver import driver as driver_mod
 from dra_driver.kube import api as kube
 from dra_driver.pluginsettings import PluginSettings
 from dra_driver.slices import nodepublisher, republish, serverfeatures, taints
 
 READINESS_CONDITION = "nvidia_driver"
-VANISHED_REASON = "GpuVanished"
+VANISHED_REASON = vanished.REASON
 
 
 class DriverGone(claims.ClaimError):
@@ -200,49 +200,7 @@ class Lifecycle:
                 "a prepared claim's GPU vanished; the claim is not re-prepared elsewhere",
                 devices=lost,
             )
-            self._condition(ref, record, set(lost))
-
-    def _condition(self, ref: claims.ClaimRef, record: Any, lost: set[str]) -> None:
-        entries = []
-        for dev in record.devices:
-            entry: dict[str, Any] = {
-                "driver": self.settings.driver_name,
-                "pool": dev.poolName,
-                "device": dev.deviceName,
-            }
-            if dev.shareId:
-                entry["shareID"] = dev.shareId
-            gone = dev.deviceName in lost
-            entry["conditions"] = [
-                {
-                    "type": "Ready",
-                    "status": "False" if gone else "True",
-                    "reason": VANISHED_REASON if gone else "Prepared",
-                    "message": "its GPU vanished from the node; the claim is not moved to "
-                    "another GPU"
-                    if gone
-                    else "prepared on the node",
-                    "lastTransitionTime": claimstatus._now(),
-                }
-            ]
-            entries.append(entry)
-        patch = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
-            "status": {"devices": entries},
-        }
-        try:
-            self.api.apply_resource_claim_status(
-                ref.namespace,
-                ref.name,
-                patch,
-                claimstatus.field_manager(self.settings.driver_name),
-            )
-        except kube.ApiError as exc:
-            logs.claim_logger(
-                self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name
-            ).warning("cannot report the vanished GPU in the claim's status", error=str(exc))
+            vanished.report(self.api, self.settings.driver_name, ref, record, set(lost), self.log)
 
     def handle(self, req: Mapping[str, Any]) -> dict[str, Any]:
         answer: dict[str, Any] = fake_lifecycle(self.node_health, self.log)(req)

@@ -8,6 +8,7 @@ The bounds asserted are the documented ones (5 s); the measured latencies are re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from dra_driver.devices.fake import FakeBackend, profiles
 from dra_driver.testing.fakeapi import fakeserver
 from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 
@@ -243,3 +246,56 @@ def test_nothing_changed_means_no_slice_churn(node: Node) -> None:
     time.sleep(1.5)  # rescans find nothing new: nothing is written
     assert node.server.api.writes == writes
     assert before != json.dumps(node.slices())  # (the taints are gone)
+
+
+def test_a_restart_without_a_claims_gpu_cleans_it_up_and_reports_it(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    node = start(short_dir, apiserver)
+    try:
+        removed = put_claim(node.server, "removed", ["gpu-3"])
+        replaced = put_claim(node.server, "replaced", ["gpu-5"])
+        kept = put_claim(node.server, "kept", ["gpu-6"])
+        answer = node.kubelet.prepare([removed, replaced, kept]).claims
+        assert {a.error for a in answer.values()} == {""}
+        assert len(list(node.proc.cdi_root.glob("*.json"))) == 3
+    finally:
+        node.kubelet.close()
+        node.proc.kill()  # SIGKILL: the records stay on disk
+    # The node comes back with GPU 3 gone and GPU 5's card replaced (same slot and minor).
+    fake = FakeBackend.from_name("dgx-h100").nvml
+    fake.remove_gpu(3)
+    gpus = list(fake.profile.gpus)
+    slot = next(i for i, g in enumerate(gpus) if g.minor == 5)
+    gpus[slot] = dataclasses.replace(gpus[slot], uuid="GPU-0e5e0e5e-0000-4000-8000-000000000005")
+    path = short_dir / "after.yaml"
+    path.write_text(yaml.safe_dump(profiles.dump(dataclasses.replace(fake.profile, gpus=gpus))))
+    proc = PluginProcess(
+        base=short_dir,
+        kubeconfig=short_dir / "kubeconfig",
+        publish=True,
+        fake_file=path,
+        extra=("--health-min-hold", "0"),
+    )
+    proc.start()
+    try:
+        proc.wait_ready()
+        log = proc.log()
+        assert log.count("a prepared claim's GPU is gone since the last start") == 2
+        for name, device in (("removed", "gpu-3"), ("replaced", "gpu-5")):
+            stored = apiserver.api.get_resource_claim("team", name)
+            (entry,) = stored["status"]["devices"]
+            assert entry["device"] == device
+            assert entry["conditions"][0]["reason"] == "GpuVanished"
+        specs = {p.read_text() for p in proc.cdi_root.glob("*.json")}
+        assert len(specs) == 1 and kept.uid in next(iter(specs))
+        kubelet = KubeletSim(proc.registry_dir)
+        kubelet.register("gpu.nvidia.com")
+        try:
+            answer = kubelet.prepare([kept, removed]).claims
+            assert answer[kept.uid].error == ""
+            assert "gpu-3" in answer[removed.uid].error  # not re-prepared on another GPU
+        finally:
+            kubelet.close()
+    finally:
+        proc.kill()
