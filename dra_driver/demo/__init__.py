@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from dra_driver.demo import computedomain, health, mig, sharing, topology, walkthrough
+from dra_driver.demo import computedomain, health, mig, sharing, topology, upgrade, walkthrough
 from dra_driver.demo import report as reporting
 from dra_driver.devices import fake
 
@@ -45,6 +45,7 @@ SCENES: tuple[Scene, ...] = (
     Scene("mig", mig.scene, own_profile=True),
     Scene("sharing", sharing.scene, own_profile=True),
     Scene("compute-domain", computedomain.scene, own_profile=True),
+    Scene("upgrade", upgrade.scene, own_profile=True),
 )
 
 
