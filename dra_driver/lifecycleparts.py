@@ -203,12 +203,15 @@ class Lifecycle:
             vanished.report(self.api, self.settings.driver_name, ref, record, set(lost), self.log)
 
     def handle(self, req: Mapping[str, Any]) -> dict[str, Any]:
-        answer: dict[str, Any] = fake_lifecycle(self.node_health, self.log)(req)
+        rescan = self.watch.rescan_soon if self.watch is not None else None
+        answer: dict[str, Any] = fake_lifecycle(self.node_health, self.log, rescan)(req)
         return answer
 
 
 def fake_lifecycle(
-    node_health: nodehealth.NodeHealth, log: structlog.typing.FilteringBoundLogger
+    node_health: nodehealth.NodeHealth,
+    log: structlog.typing.FilteringBoundLogger,
+    rescan: Callable[[], None] | None = None,
 ) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
     """The health socket's ``lifecycle`` op: the fake node's driver and GPUs change (what
     ``dra-driver fake-event --driver-unload`` and friends send); refused on real GPUs."""
@@ -242,6 +245,14 @@ def fake_lifecycle(
                     pci_bus_id=str(req["pciBusId"]) if req.get("pciBusId") else None,
                 )
                 message = f"GPU {index} ({uuid}) added to the bus"
+            elif action == "mig-destroy":
+                gpu, gi = req.get("gpu"), req.get("gpuInstance")
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in (gpu, gi)):
+                    return {"ok": False, "error": "mig-destroy needs gpu and gpuInstance numbers"}
+                gone = fake.destroy_mig(int(str(gpu)), int(str(gi)))
+                message = f"GPU {gpu}: GPU instance {gi} destroyed ({', '.join(gone)})"
+                if rescan is not None:  # no count changes: the fake asks for the rescan
+                    rescan()  # a GPU node finds it at the periodic one (docs/lifecycle.md)
             else:
                 return {"ok": False, "error": f"unknown lifecycle action {action!r}"}
         except (ValueError, KeyError) as exc:

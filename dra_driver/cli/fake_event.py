@@ -74,6 +74,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="LIKE",
         help="a GPU is hot-added (a copy of GPU index LIKE, default the last one)",
     )
+    what.add_argument(
+        "--mig-destroy",
+        metavar="N:GI",
+        help="GPU instance GI of GPU index N is destroyed behind the driver's back",
+    )
     parser.add_argument(
         "--driver-version", help="with --driver-load: the new driver version (an upgrade)"
     )
@@ -142,6 +147,14 @@ def _lifecycle(args: argparse.Namespace) -> dict[str, Any] | None:
             req["driverVersion"] = args.driver_version
     elif args.gpu_remove is not None:
         req.update(action="gpu-remove", gpu=args.gpu_remove)
+    elif args.mig_destroy:
+        try:
+            gpu, gi = (int(p) for p in args.mig_destroy.split(":"))
+        except ValueError:
+            raise common.UsageError(
+                f"--mig-destroy {args.mig_destroy!r}: expected N:GI, e.g. 0:1"
+            ) from None
+        req.update(action="mig-destroy", gpu=gpu, gpuInstance=gi)
     elif args.gpu_add is not None:
         req["action"] = "gpu-add"
         if args.gpu_add >= 0:

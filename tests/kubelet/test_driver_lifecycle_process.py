@@ -299,3 +299,30 @@ def test_a_restart_without_a_claims_gpu_cleans_it_up_and_reports_it(
             kubelet.close()
     finally:
         proc.kill()
+
+
+def test_a_mig_device_destroyed_behind_the_drivers_back_is_withdrawn(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    node = start(short_dir, apiserver, "--fake", "a100-mig")
+    try:
+        assert "gpu-1-mig-7g-40gb-0" in node.devices()
+        held = put_claim(
+            node.server, "held", ["gpu-0-mig-3g-20gb-4"], device_class="mig.nvidia.com"
+        )
+        assert node.kubelet.prepare([held]).claims[held.uid].error == ""
+        out = node.fake_event("--mig-destroy", "1:1")
+        assert "GPU instance 1 destroyed" in out
+        node.wait(lambda: "gpu-1-mig-7g-40gb-0" not in node.devices() and node.whole_pool())
+        assert sorted(node.devices()) == [
+            "gpu-0-mig-1g-5gb-2",
+            "gpu-0-mig-1g-5gb-3",
+            "gpu-0-mig-2g-10gb-0",
+            "gpu-0-mig-3g-20gb-4",
+        ]
+        # What a claim holds is left alone: still prepared, its spec answers again.
+        assert node.kubelet.prepare([held]).claims[held.uid].error == ""
+        assert node.kubelet.unprepare([held]).claims[held.uid].error == ""
+    finally:
+        node.kubelet.close()
+        node.proc.kill()

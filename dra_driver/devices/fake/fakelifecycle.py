@@ -159,6 +159,20 @@ class FakeDriverLifecycle:
         index = max(self._pos)
         return index, new_uuid
 
+    def destroy_mig(self, index: int, gpu_instance: int) -> list[str]:
+        """An admin destroys GPU instance ``gpu_instance`` of GPU ``index`` behind the driver's
+        back (``nvidia-smi mig -dgi``); returns the UUIDs of the MIG devices that went."""
+        if index not in self._pos:
+            raise LifecycleError(f"no GPU with index {index} on this fake node")
+        uuid = self.profile.gpu_uuid(self._pos[index])
+        with self.mig_state.edit() as state:
+            gpu = state.get(uuid)
+            found = [i for i in (gpu.instances if gpu is not None else ()) if i.id == gpu_instance]
+            if gpu is None or not found:
+                raise LifecycleError(f"GPU {index} has no GPU instance {gpu_instance}")
+            gpu.instances.remove(found[0])
+        return [c.uuid for c in found[0].computeInstances]
+
     def _minor(self, pos: int) -> int:
         minor = self.profile.gpus[pos].minor
         return self.profile.gpu_index(pos) if minor is None else minor
