@@ -326,3 +326,54 @@ def test_a_mig_device_destroyed_behind_the_drivers_back_is_withdrawn(
     finally:
         node.kubelet.close()
         node.proc.kill()
+
+
+def test_a_server_that_drops_taints_gets_the_gpus_withdrawn_instead(short_dir: Path) -> None:
+    server = fakeserver.FakeApiServer(disabled_gates={"DRADeviceTaints"}).start()
+    try:
+        node = start(short_dir, server)
+        try:
+            assert len(node.gpus()) == 8
+            node.fake_event("--driver-unload")
+            took = node.wait(lambda: not node.gpus() and node.whole_pool(), timeout_s=BOUND_S)
+            assert took < BOUND_S
+            node.fake_event("--driver-load", "--driver-version", "590.10.01")
+            node.wait(lambda: node.schedulable("590.10.1"), timeout_s=BOUND_S)
+            assert len(node.gpus()) == 8
+        finally:
+            node.kubelet.close()
+            node.proc.kill()
+    finally:
+        server.stop()
+
+
+def test_one_write_per_changed_slice_on_a_pool_of_several(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    node = start(short_dir, apiserver, "--fake", "h100-mig", "--dynamic-mig", "all")
+    try:
+        slices = len(node.slices())
+        assert slices >= 2
+        held = put_claim(
+            node.server, "held", ["gpu-0-mig-1g-10gb-0"], device_class="mig.nvidia.com"
+        )
+        assert node.kubelet.prepare([held]).claims[held.uid].error == ""
+        node.fake_event("--driver-unload")
+        node.wait(node.unschedulable, timeout_s=BOUND_S)
+        writes = node.server.api.writes
+        before = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in node.slices()}
+        node.fake_event("--driver-load", "--driver-version", "590.10.01")
+        node.wait(lambda: node.schedulable("590.10.1"), timeout_s=BOUND_S)
+        time.sleep(1.0)
+        after = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in node.slices()}
+        changed = [n for n, v in after.items() if before.get(n) != v]
+        # The devices' slice changed (driverVersion, taints), the counters' slice did not:
+        # exactly one write for the one changed slice, none for the other.
+        assert len(changed) == 1 < slices
+        assert node.server.api.writes - writes == len(changed)
+        # Dynamic MIG's instance of the prepared claim is still there and still prepared.
+        assert node.kubelet.prepare([held]).claims[held.uid].error == ""
+        assert node.kubelet.unprepare([held]).claims[held.uid].error == ""
+    finally:
+        node.kubelet.close()
+        node.proc.kill()
