@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import structlog
 
 from dra_driver import logs
+from dra_driver.devices import rediscovery
 from dra_driver.driver import checkpoint, claims, claimstatus, inventory
 from dra_driver.kube import api as kube
 
@@ -56,15 +57,21 @@ def record_gpu_uuids(record: checkpoint.ClaimRecord) -> set[str]:
 
 
 def stale_records(
-    records: Iterable[checkpoint.ClaimRecord], devices: inventory.Inventory
+    records: Iterable[checkpoint.ClaimRecord],
+    devices: inventory.Inventory,
+    *,
+    hidden: rediscovery.Hidden = rediscovery.never_hidden,
 ) -> list[tuple[checkpoint.ClaimRecord, tuple[str, ...]]]:
     """Prepared records naming a device the node no longer has, or a GPU UUID it no longer
     has (a card replaced in the same slot keeps the name, not the UUID): (record, the device
-    names affected)."""
+    names affected). A record handing out a GPU that NVML does not see on purpose (``hidden``,
+    :func:`dra_driver.devices.rediscovery.vanished`) is never stale."""
     present = {g.uuid for g in devices.node.gpus} if devices.node is not None else None
     out = []
     for record in records:
         if record.state != checkpoint.PREPARE_COMPLETED:
+            continue
+        if not all(rediscovery.vanished(u, hidden=hidden) for u in record_gpu_uuids(record)):
             continue
         gone_uuids = record_gpu_uuids(record) - present if present is not None else set()
         lost = tuple(
@@ -90,10 +97,11 @@ def clean_at_start(
     *,
     api: kube.KubeApi | None,
     driver_name: str,
+    hidden: rediscovery.Hidden = rediscovery.never_hidden,
 ) -> list[claims.ClaimRef]:
     """Roll back and report the prepared claims whose GPU is gone (after recovery)."""
     done = []
-    for record, lost in stale_records(state.store.records(), state.devices):
+    for record, lost in stale_records(state.store.records(), state.devices, hidden=hidden):
         ref = claims.ClaimRef(uid=record.uid, namespace=record.namespace, name=record.name)
         problems = state.rollback(ref)
         _claim_log(state.log, ref).warning(
