@@ -35,6 +35,7 @@ from dra_driver.testing.faultsuite import (  # noqa: E402
     corrupt,
     fuzz,
     kills,
+    lifecycle,
     restarts,
 )
 
@@ -51,6 +52,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "api": (24, 3),
     "kubelet-restarts": (30, 5),
     "handovers": (6, 1),
+    "lifecycle": (300, 12),
 }
 
 
@@ -68,6 +70,7 @@ def scenarios(quick: bool) -> dict[str, Scenario]:
         "api": lambda rng, w: [apifaults.run(size("api"), rng, w, long_outage_s=long_outage)],
         "kubelet-restarts": lambda rng, w: [restarts.run_kubelet(size("kubelet-restarts"), rng, w)],
         "handovers": lambda rng, w: [restarts.run_handover(size("handovers"), rng, w)],
+        "lifecycle": lambda rng, w: [lifecycle.run(size("lifecycle"), rng, w)],
     }
 
 

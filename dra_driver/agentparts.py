@@ -33,6 +33,7 @@ from dra_driver.driver import (
     lazymps,
     sharing,
     state,
+    vanished,
 )
 from dra_driver.driver import driver as driver_mod
 from dra_driver.driver import mig as mig_mod
@@ -140,10 +141,12 @@ def build_driver(
     )
     if locks is None:
         claim_state.recover()
+        vanished.clean_at_start(claim_state, api=api, driver_name=settings.driver_name)
     else:
         claim_state.ownership = instances.SharedOwnership(store=store, locks=locks)
         with locks.exclusive():  # never while the other instance is inside a claim
             claim_state.recover()
+            vanished.clean_at_start(claim_state, api=api, driver_name=settings.driver_name)
     driver = driver_mod.Driver(
         claim_state=claim_state,
         log=log,

@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from dra_driver import gpumetrics, health_server, logs, nodehealth, shutdown
+from dra_driver import gpumetrics, health_server, lifecycleparts, logs, nodehealth, shutdown
 from dra_driver import metrics as metrics_mod
 from dra_driver.agentparts import (
     StartupError,
@@ -53,6 +53,7 @@ from dra_driver.kubelet import dra_service, health_service, registration, server
 from dra_driver.nodeparts import gpu_control_for, mig_control_for, mps_daemons_for
 from dra_driver.pluginsettings import PluginSettings
 from dra_driver.slices import build, leader, serverfeatures, taints, vfioslices
+from dra_driver.slices.nodepublisher import NodePublisher
 
 # PluginSettings and the part builders (:mod:`dra_driver.agentparts`) are re-exported: the CLI,
 # the fault suite and the tests configure the agent through ``app``.
@@ -233,6 +234,8 @@ def run(
     allocations: Stoppable | None = None
     node_labels: Stoppable | None = None
     compute_domains: Stoppable | None = None
+    labels = lifecycleparts.Slot(None)  # replaced when the GPUs change (docs/lifecycle.md)
+    driver_watch: Stoppable | None = None
     try:
         dra.start()
         reg.start()
@@ -256,6 +259,25 @@ def run(
         except leader.LockError as exc:
             log.error("cannot take part in publishing; NOT publishing", error=str(exc))
         node_labels = start_node_labels(settings, devices=devices, api=api, source=board, log=log)
+        labels.part = node_labels
+        driver_watch = lifecycleparts.start(
+            settings,
+            backend=backend,
+            devices=devices,
+            board=board,
+            driver=driver,
+            node_health=node_health,
+            publisher=slice_publisher if isinstance(slice_publisher, NodePublisher) else None,
+            labels=labels,
+            start_labels=lambda d: start_node_labels(
+                settings, devices=d, api=api, source=board, log=log
+            ),
+            readiness=readiness,
+            api=api,
+            log=log,
+            metrics=metrics,
+            features=features,
+        )
         if settings.compute_domains is not None:
             # The second driver, compute-domain.nvidia.com (docs/computedomains.md): its ~10
             # modules are loaded on the nodes that serve it only (memory per agent, #38).
@@ -276,11 +298,12 @@ def run(
     finally:
         (stopper or shutdown.Stopper(log=log, deadline_s=0)).run(
             [
+                ("driver-watch", driver_watch.stop if driver_watch is not None else None),
                 ("compute-domains", compute_domains.stop if compute_domains is not None else None),
                 ("registration", lambda: reg.stop(grace_s=1.0)),
                 ("allocation-watch", allocations.stop if allocations is not None else None),
                 ("slice-publisher", slice_publisher.stop if slice_publisher is not None else None),
-                ("node-labels", node_labels.stop if node_labels is not None else None),
+                ("node-labels", labels.stop),
                 ("cleanup", cleanup.stop),
                 ("mps-supervisor", supervisor.stop if supervisor is not None else None),
                 ("node-health", node_health.stop),

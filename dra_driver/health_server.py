@@ -103,6 +103,8 @@ class Readiness:
         self._lock = threading.Lock()
         self._state: dict[str, bool] = {name: False for name in conditions}
         self._checks: dict[str, Callable[[], bool]] = {}
+        self._reasons: dict[str, Callable[[], str]] = {}
+        self._quiet: set[str] = set()  # conditions listed only while false
         if not self._state:
             raise UnknownCondition("readiness needs at least one condition")
 
@@ -122,6 +124,33 @@ class Readiness:
         with self._lock:
             self._known(name)
             self._checks[name] = check
+
+    def add_condition(
+        self, name: str, check: Callable[[], bool], reason: Callable[[], str] | None = None
+    ) -> None:
+        """A condition beyond the ones given at construction, computed by ``check``;
+        ``reason`` says why it is false (``/readyz`` shows it under ``reasons``). It is listed
+        only while false (the usual conditions stay what they were)."""
+        with self._lock:
+            self._quiet.add(name)
+            self._state.setdefault(name, False)
+            self._checks[name] = check
+            if reason is not None:
+                self._reasons[name] = reason
+
+    def reasons(self) -> dict[str, str]:
+        """Why each false condition that has a reason is false."""
+        with self._lock:
+            reasons = dict(self._reasons)
+        out = {}
+        for name, reason in reasons.items():
+            try:
+                text = reason()
+            except Exception as exc:
+                text = f"unknown ({exc!r})"
+            if text:
+                out[name] = text
+        return out
 
     def _known(self, name: str) -> None:
         if name not in self._state:
@@ -148,7 +177,7 @@ class Readiness:
             state = dict(self._state)
         for name, ok in changed:
             _log.info("readiness condition changed", condition=name, ok=ok)
-        return state
+        return {n: ok for n, ok in state.items() if not (ok and n in self._quiet)}
 
     def is_ready(self) -> bool:
         return all(self.snapshot().values())
@@ -263,7 +292,11 @@ def _handler_class(
             elif path == "/readyz":
                 state = readiness.snapshot()
                 ready = all(state.values())
-                body = json.dumps({"ready": ready, "conditions": state}, sort_keys=True)
+                doc: dict[str, object] = {"ready": ready, "conditions": state}
+                reasons = readiness.reasons()
+                if reasons:
+                    doc["reasons"] = reasons
+                body = json.dumps(doc, sort_keys=True)
                 self._send(200 if ready else 503, "application/json", body.encode() + b"\n")
             elif path == "/metrics":
                 encoder, content_type = exposition.choose_encoder(self.headers.get("Accept", ""))

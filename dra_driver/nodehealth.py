@@ -74,6 +74,8 @@ class NodeHealth:
         default_factory=lambda: logs.get("health")
     )
     _unsubscribe: Any = None
+    # Answers ``{"op": "lifecycle", ...}`` (the driver and GPUs of a fake node, driverwatch).
+    lifecycle: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
 
     def stop(self) -> None:
         if self.control is not None:
@@ -95,6 +97,8 @@ class NodeHealth:
             }
         if op == "inject":
             return self._inject(req)
+        if op == "lifecycle" and self.lifecycle is not None:
+            return self.lifecycle(req)
         return {"ok": False, "error": f"unknown op {op!r}: use status or inject"}
 
     def _inject(self, req: Mapping[str, Any]) -> dict[str, Any]:

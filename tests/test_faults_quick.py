@@ -28,7 +28,7 @@ def test_quick_fault_suite_finds_nothing() -> None:
     assert int(last.group(2)) == 0, done.stdout[-3000:]
     assert done.returncode == 0, done.stdout[-3000:]
     rows = {line.split("  ")[0].strip() for line in lines[2:-1] if not line.startswith("  ")}
-    assert len(rows) == 9 and int(last.group(1)) >= 500, done.stdout
+    assert len(rows) == 10 and int(last.group(1)) >= 500, done.stdout
     assert lines[0].split()[:3] == ["scenario", "trials", "failures"]
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 from dra_driver import cli, health_server, healthcontrol, logs, metrics, nodehealth
 from dra_driver.cli import common, healthflags, labelflags
 from dra_driver.deviceplugin import allocate, app, cdi, inventory, registrar
+from dra_driver.deviceplugin import lifecycle as dplifecycle
 from dra_driver.devices import backend, health, model
 from dra_driver.driver import inventory as preparable
 from dra_driver.nodelabels import agent as nodelabels
@@ -198,6 +199,17 @@ def run(args: argparse.Namespace) -> int:
         metrics=registry,
         socket=healthcontrol.device_plugin_socket(config.plugin_dir),
     )
+    watch = dplifecycle.start(
+        plugin,
+        source=source,
+        devices=devices,
+        board=board,
+        node_health=watching,
+        readiness=readiness,
+        metrics=registry,
+        mig_minors=None if (args.fake or args.fake_file) else preparable.read_mig_minors(),
+        health_enabled=policy.enabled,
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -211,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
     except (cdi.CdiError, registrar.RegistrationError) as exc:
         return common.fail(str(exc), code=1)
     finally:
+        if watch is not None:
+            watch.stop()
         watching.stop()
         board.close()
         http.stop()

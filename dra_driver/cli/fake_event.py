@@ -1,4 +1,7 @@
-"""``dra-driver fake-event``: make a fake GPU of a running node agent fail (or recover).
+"""``dra-driver fake-event``: make a fake GPU of a running node agent fail (or recover), or
+make the fake node's driver go away and come back, or its GPUs vanish and appear
+(``--driver-unload``, ``--driver-load [--driver-version V]``, ``--gpu-remove N``, ``--gpu-add``:
+docs/lifecycle.md).
 
 Fake nodes (``--fake``) must fail too, so health handling can be shown and tested without GPUs:
 this sends the event over the agent's health socket (:mod:`dra_driver.healthcontrol`) and the
@@ -25,7 +28,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=cli.SUMMARIES["fake-event"],
         description="Inject a GPU failure (or recovery) into a node agent running on fake GPUs.",
     )
-    parser.add_argument("--gpu", type=int, required=True, help="GPU index (as `discover` lists)")
+    parser.add_argument(
+        "--gpu", type=int, help="GPU index (as `discover` lists); not with the lifecycle flags"
+    )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--xid", type=int, help="an XID error (critical XID event)")
     what.add_argument("--ecc-dbe", action="store_true", help="a double-bit ECC error event")
@@ -45,6 +50,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ("fabric-degraded", "the multi-node NVLink fabric route is unhealthy"),
     ):
         what.add_argument(f"--{name}", action="store_true", help=text)
+    # The driver and GPUs themselves (docs/lifecycle.md): the node, not one GPU's health.
+    what.add_argument(
+        "--driver-unload",
+        nargs="?",
+        const="not-loaded",
+        choices=["not-loaded", "uninitialized", "mismatch", "gpu-lost"],
+        metavar="MODE",
+        help="the NVIDIA driver goes away (an upgrade); MODE: the NVML error its calls raise "
+        "(not-loaded, uninitialized, mismatch, gpu-lost; default not-loaded)",
+    )
+    what.add_argument(
+        "--driver-load", action="store_true", help="the NVIDIA driver is loaded again"
+    )
+    what.add_argument(
+        "--gpu-remove", type=int, metavar="N", help="GPU index N falls off the bus for good"
+    )
+    what.add_argument(
+        "--gpu-add",
+        nargs="?",
+        const=-1,
+        type=int,
+        metavar="LIKE",
+        help="a GPU is hot-added (a copy of GPU index LIKE, default the last one)",
+    )
+    what.add_argument(
+        "--mig-destroy",
+        metavar="N:GI",
+        help="GPU instance GI of GPU index N is destroyed behind the driver's back",
+    )
+    parser.add_argument(
+        "--driver-version", help="with --driver-load: the new driver version (an upgrade)"
+    )
     parser.add_argument(
         "--action",
         choices=[a for a in healthpolicy.RECOVERY_ACTIONS.values() if a != "none"],
@@ -61,6 +98,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def request_from(args: argparse.Namespace) -> dict[str, Any]:
     """The inject request the flags describe; raises UsageError."""
+    lifecycle = _lifecycle(args)
+    if lifecycle is not None:
+        return lifecycle
+    if args.driver_version:
+        raise common.UsageError("--driver-version goes with --driver-load")
+    if args.gpu is None:
+        raise common.UsageError("--gpu is required for a GPU health event")
     req: dict[str, Any] = {"op": "inject", "gpu": args.gpu}
     if args.xid is not None:
         req.update(event="xid", xid=args.xid)
@@ -89,6 +133,40 @@ def request_from(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError:
             raise common.UsageError(f"--mig {args.mig!r}: expected GI:CI, e.g. 1:0") from None
         req.update(gpuInstance=gi, computeInstance=ci)
+    return req
+
+
+def _lifecycle(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The lifecycle request (driver unload/load, GPU remove/add), None for a health event."""
+    req: dict[str, Any] = {"op": "lifecycle"}
+    if args.driver_unload:
+        req.update(action="driver-unload", mode=args.driver_unload)
+    elif args.driver_load:
+        req["action"] = "driver-load"
+        if args.driver_version:
+            req["driverVersion"] = args.driver_version
+    elif args.gpu_remove is not None:
+        req.update(action="gpu-remove", gpu=args.gpu_remove)
+    elif args.mig_destroy:
+        try:
+            gpu, gi = (int(p) for p in args.mig_destroy.split(":"))
+        except ValueError:
+            raise common.UsageError(
+                f"--mig-destroy {args.mig_destroy!r}: expected N:GI, e.g. 0:1"
+            ) from None
+        req.update(action="mig-destroy", gpu=gpu, gpuInstance=gi)
+    elif args.gpu_add is not None:
+        req["action"] = "gpu-add"
+        if args.gpu_add >= 0:
+            req["like"] = args.gpu_add
+    else:
+        return None
+    if args.gpu is not None:
+        raise common.UsageError("--gpu goes with the GPU health events, not the lifecycle flags")
+    if args.driver_version and req["action"] != "driver-load":
+        raise common.UsageError("--driver-version goes with --driver-load")
+    if args.action or args.mig:
+        raise common.UsageError("--action and --mig go with --xid or --ecc-dbe")
     return req
 
 

@@ -20,7 +20,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from dra_driver.demo import computedomain, health, mig, passthrough, sharing, topology, walkthrough
+from dra_driver.demo import (
+    computedomain,
+    health,
+    mig,
+    passthrough,
+    sharing,
+    topology,
+    upgrade,
+    walkthrough,
+)
 from dra_driver.demo import report as reporting
 from dra_driver.devices import fake
 
@@ -46,6 +55,7 @@ SCENES: tuple[Scene, ...] = (
     Scene("sharing", sharing.scene, own_profile=True),
     Scene("compute-domain", computedomain.scene, own_profile=True),
     Scene("passthrough", passthrough.scene, own_profile=True),
+    Scene("upgrade", upgrade.scene, own_profile=True),
 )
 
 

@@ -107,6 +107,28 @@ class HealthBoard:
         self._notify(snap)
         return True
 
+    def update_many(
+        self,
+        change: Callable[[Mapping[str, tuple[Condition, ...]]], Mapping[str, Sequence[Condition]]],
+    ) -> bool:
+        """Set the conditions of several UUIDs in one change (one version, one notification):
+        ``change`` gets the current conditions and returns the new ones of the UUIDs it
+        changes (empty: healthy). Used for what concerns every GPU at once (the driver going
+        away and coming back, :mod:`dra_driver.driverwatch`); returns whether anything changed."""
+        with self._cond:
+            wanted = {u: tuple(c) for u, c in change(MappingProxyType(self._conditions)).items()}
+            wanted = {u: c for u, c in wanted.items() if self._conditions.get(u, ()) != c}
+            if not wanted:
+                return False
+            for uuid, conditions in wanted.items():
+                if conditions:
+                    self._conditions[uuid] = conditions
+                else:
+                    self._conditions.pop(uuid, None)
+            snap = self._bump()
+        self._notify(snap)
+        return True
+
     def mark_unhealthy(self, uuid: str, reason: str = "marked unhealthy") -> bool:
         """Mark ``uuid`` unhealthy for ``reason``; returns whether anything changed."""
         return self.set_conditions(

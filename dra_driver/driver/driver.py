@@ -32,6 +32,9 @@ ClaimLock = Callable[[str], contextlib.AbstractContextManager[object]]
 class Driver:
     """Plain ``prepare``/``unprepare`` over batches of claims, keyed by claim UID."""
 
+    # Checked before each prepare: raises claims.ClaimError to refuse it (None: no gate).
+    gate: Callable[[claims.ClaimRef], None] | None = None
+
     def __init__(
         self,
         *,
@@ -62,6 +65,8 @@ class Driver:
         def one(ref: claims.ClaimRef) -> results.PrepareResult:
             with self._busy(), self.metrics.request("prepare", log=self._claim_log(ref)) as req:
                 try:
+                    if self.gate is not None:  # e.g. the NVIDIA driver is away (driverwatch)
+                        self.gate(ref)
                     with self._claim_lock(ref.uid):
                         devices = self.state.prepare(ref)
                 except Exception as exc:

@@ -142,6 +142,22 @@ class Republisher:
         self._forced = True
         self._wake.set()
 
+    def set_rebuild(
+        self,
+        rebuild: Callable[[Inputs], list[Obj]],
+        *,
+        observe: Callable[[Inputs], None] | None = None,
+        now: bool = True,
+    ) -> None:
+        """Build from other devices from now on (the node's GPUs changed, docs/lifecycle.md);
+        ``now``: rebuild at once, else at the next change of a source."""
+        self._rebuild = rebuild
+        if observe is not None:
+            self._observe = observe
+        self._last = None
+        if now:
+            self.refresh()
+
     def stop(self) -> None:
         for unsubscribe in self._unsubscribe:
             unsubscribe()

@@ -50,14 +50,14 @@ def test_demo_default_profile_runs_green() -> None:
     assert "allocated: gpu-" in out and "(request gpu/h100)" in out
     assert '"kind": "k8s.gpu.nvidia.com/claim"' in out
     # The health scene: a GPU fails, is tainted, and recovers.
-    assert "Scene 2 of 7: health" in out
+    assert "Scene 2 of 8: health" in out
     assert "key: gpu.nvidia.com/xid" in out and "effect: NoExecute" in out
     assert "[ok] discover shows gpu-0 Unhealthy (xid=79)" in out
     assert "[ok] gpu-0 left every ranked set (setRanks = 0)" in out
     assert "[ok] an eight-GPU claim no longer fits:" in out
     assert "[ok] the eight-GPU claim fits again" in out
     assert "[ok] discover: gpu-0 Healthy, recoveries 2" in out
-    assert "Scene 3 of 7: topology" in out
+    assert "Scene 3 of 8: topology" in out
     # (in this run, not again on its own: the scenes are the slow part of the suite)
     assert "[ok] prepared the claim holding gpu-0" in out
     assert "[ok] rank 1 for 4 GPUs moved to gpu-4..gpu-7, the best quad left free" in out
@@ -68,7 +68,7 @@ def test_demo_default_profile_runs_green() -> None:
     assert "gpus-4-5 and gpu-5 both use GPU gpu-5" in out
     assert "[ok] setRanks digit 4 again: {'gpu-0': 1, 'gpu-1': 1, 'gpu-2': 1, 'gpu-3': 1, " in out
     # The dynamic MIG scene: one H100 as 1g.10gb + 2g.20gb + 3g.40gb, made and destroyed.
-    assert "Scene 4 of 7: mig" in out
+    assert "Scene 4 of 8: mig" in out
     for name, device in (
         ("small (1g.10gb)", "gpu-0-mig-1g-10gb-0"),
         ("medium (2g.20gb)", "gpu-0-mig-2g-20gb-2"),
@@ -77,13 +77,13 @@ def test_demo_default_profile_runs_green() -> None:
         assert f"[ok] {name}: allocated {device}" in out
     assert "[('1g.10gb', 0, 1), ('2g.20gb', 2, 2), ('3g.40gb', 4, 4)]" in out
     assert (
-        "gpu-0-mig-4g-40gb-0: gpu-0: 1 of 7 compute slices left, 4g.40gb needs 4 at placement 0, "
+        "gpu-0-mig-4g-40gb-0: gpu-0: 1 of 8 compute slices left, 4g.40gb needs 4 at placement 0, "
         "overlaps 1g.10gb at 0, 2g.20gb at 2" in out
     )
     assert "[ok] all three unprepared; instances left on gpu-0: []" in out
     assert "[ok] gpu-0: MIG mode switched off for the full GPU" in out
     # The sharing scene: three shares of one H100 through one MPS daemon.
-    assert "Scene 5 of 7: sharing" in out
+    assert "Scene 5 of 8: sharing" in out
     assert "[ok] one MPS control daemon serves gpu-0 for all three" in out
     assert "gpu-0 is published with allowMultipleAllocations: true" in out
     for pod, memory, threads in (("a", 20480, 25), ("b", 30720, 35), ("c", 30720, 40)):
@@ -101,14 +101,18 @@ def test_demo_default_profile_runs_green() -> None:
     assert "[ok] the daemon Pod is pinned to demo-node, runs dra-driver:demo and is Ready" in out
     assert "[ok] the test kubelet ended the deleted Pod's daemon" in out
     # The ComputeDomain scene: a 2-node job gets IMEX channels, another clique is refused.
-    assert "Scene 6 of 7: compute-domain" in out
+    assert "Scene 6 of 8: compute-domain" in out
     assert "[ok] ComputeDomain demo/nccl-job status: Ready" in out
     assert "[ok] refused, saying why (the domain lives in clique A)" in out
     # The passthrough scene: a GPU goes to a VM claim and back; no container claim meanwhile.
-    assert "Scene 7 of 7: passthrough" in out
+    assert "Scene 7 of 8: passthrough" in out
     assert "[ok] 0000:01:00.0: driver link is now vfio-pci" in out
     assert "[ok] pod: not allocatable while the VM holds the GPU" in out
     assert "[ok] 0000:01:00.0: driver link is nvidia again" in out
+    # The upgrade scene: the driver upgraded under a running claim, then a GPU hot-added.
+    assert "Scene 8 of 8: upgrade" in out
+    assert "[ok] training is still prepared, its CDI spec byte for byte as before" in out
+    assert "[ok] a claim on gpu-8 is prepared" in out
     assert out.rstrip().endswith("demo OK: every step did what it must.")
 
 

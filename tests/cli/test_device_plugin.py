@@ -378,3 +378,35 @@ def test_without_a_kubelet_it_says_which_socket_it_waits_for(plugin_dir: Path) -
     [waiting] = [e for e in lines if e["event"] == "waiting for the kubelet's registration socket"]
     assert waiting["kubelet"] == str(plugin_dir / "kubelet.sock")
     assert proc.returncode == 0
+
+
+def test_list_and_watch_follows_the_driver_and_a_hot_added_gpu(
+    plugin_dir: Path,
+    recorder: Recorder,
+    run_cli: RunCli,
+) -> None:
+    proc = start(plugin_dir, "--fake", "pcie-l4", "--health-min-hold", "0")
+    where = ["--device-plugin-dir", str(plugin_dir)]
+    try:
+        assert recorder.arrived.wait(timeout=15)
+        sock = plugin_dir / recorder.requests[0].endpoint
+        with grpc.insecure_channel(f"unix://{sock}") as channel:
+            stream = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty(), timeout=60)
+            first = health_of(next(stream))
+            assert set(first.values()) == {"Healthy"} and len(first) == 4
+            done = run_cli("fake-event", "--driver-unload", *where)
+            assert done.returncode == 0, done.stderr
+            assert set(health_of(next(stream)).values()) == {"Unhealthy"}
+            done = run_cli("fake-event", "--driver-load", "--driver-version", "590.1.2", *where)
+            assert done.returncode == 0, done.stderr
+            back = health_of(next(stream))
+            assert set(back.values()) == {"Healthy"} and set(back) == set(first)
+            done = run_cli("fake-event", "--gpu-add", *where)
+            assert done.returncode == 0, done.stderr
+            grown = health_of(next(stream))
+            assert len(grown) == 5 and set(first) < set(grown)
+            assert set(grown.values()) == {"Healthy"}
+            stream.cancel()
+    finally:
+        proc.kill()
+        proc.communicate(timeout=15)

@@ -122,3 +122,66 @@ def test_real_gpus_refuse_fake_events_but_report_status() -> None:
         assert [d["health"] for d in status["devices"]] == ["Healthy"] * 4
     finally:
         node.stop()
+
+
+@pytest.mark.parametrize(
+    ("argv", "request_"),
+    [
+        (["--driver-unload"], {"action": "driver-unload", "mode": "not-loaded"}),
+        (["--driver-unload", "mismatch"], {"action": "driver-unload", "mode": "mismatch"}),
+        (["--driver-load"], {"action": "driver-load"}),
+        (
+            ["--driver-load", "--driver-version", "590.1.2"],
+            {"action": "driver-load", "driverVersion": "590.1.2"},
+        ),
+        (["--gpu-remove", "3"], {"action": "gpu-remove", "gpu": 3}),
+        (["--gpu-add"], {"action": "gpu-add"}),
+        (["--gpu-add", "2"], {"action": "gpu-add", "like": 2}),
+        (["--mig-destroy", "1:4"], {"action": "mig-destroy", "gpu": 1, "gpuInstance": 4}),
+    ],
+)
+def test_lifecycle_requests_from_flags(argv: list[str], request_: dict[str, object]) -> None:
+    parser = argparse.ArgumentParser()
+    fake_event.register(parser.add_subparsers())
+    args = parser.parse_args(["fake-event", *argv])
+    assert fake_event.request_from(args) == {"op": "lifecycle", **request_}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpu", "0", "--driver-unload"], "--gpu goes with the GPU health events"),
+        (["--xid", "79"], "--gpu is required for a GPU health event"),
+        (["--gpu", "0", "--lost", "--driver-version", "1.2"], "--driver-version goes with"),
+        (["--gpu-add", "--driver-version", "1.2"], "--driver-version goes with --driver-load"),
+        (["--mig-destroy", "one"], "--mig-destroy 'one': expected N:GI"),
+        (["--driver-unload", "sideways"], "invalid choice"),
+    ],
+)
+def test_bad_lifecycle_flags_exit_2(argv: list[str], message: str, run_cli: RunCli) -> None:
+    done = run_cli("fake-event", *argv)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_the_lifecycle_op_is_refused_on_real_gpus_and_for_bad_requests() -> None:
+    from dra_driver import lifecycleparts
+
+    board = health.HealthBoard()
+    real = nodehealth.start(
+        policy=healthpolicy.HealthPolicy(enabled=False),
+        nvml_api=None,
+        devices=fake.FakeBackend.from_name("pcie-l4").discover(),
+        published=set(),
+        board=board,
+        log=logs.get("test"),
+        metrics=metrics.new(),
+        socket=None,
+    )
+    handle = lifecycleparts.fake_lifecycle(real, logs.get("test"))
+    assert "real GPUs" in handle({"action": "driver-unload"})["error"]
+    backend = fake.FakeBackend.from_name("pcie-l4")
+    real.fake = backend.nvml
+    assert "unknown lifecycle action" in handle({"action": "explode"})["error"]
+    assert "unknown outage mode" in handle({"action": "driver-unload", "mode": "x"})["error"]
+    assert "no GPU with index 9" in handle({"action": "gpu-remove", "gpu": 9})["error"]
+    assert handle({"action": "driver-unload"})["ok"] and not backend.nvml.driver_loaded

@@ -21,7 +21,7 @@ from typing import Any
 
 from dra_driver import records
 from dra_driver.devices import nvml
-from dra_driver.devices.fake import fakefaults, fakemig, fakemigdev, profiles
+from dra_driver.devices.fake import fakefaults, fakelifecycle, fakemig, fakemigdev, profiles
 
 Failure = Exception | type[Exception]
 _UNKNOWN_ARCH = 0xFFFFFFFF
@@ -55,7 +55,7 @@ def _reverse(names: Mapping[int, str], what: str, value: str, source: str) -> in
         ) from None
 
 
-class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth):
+class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth, fakelifecycle.FakeDriverLifecycle):
     """A pynvml look-alike for one profile; pass it to ``PynvmlBackend.create(nvml=...)``.
 
     ``init_error`` makes ``nvmlInit`` fail (e.g. ``nvml.NVMLError_LibraryNotFound``); ``fail``
@@ -82,6 +82,7 @@ class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth):
         self._inits = 0
         self._pos = {profile.gpu_index(p): p for p in range(len(profile.gpus))}
         self._init_health(len(profile.gpus))
+        self._init_lifecycle()
         self._bus = [_nvml_bus_id(g.pci_bus_id) for g in profile.gpus]
         self._init_mig()
         if mig_state_file is not None:
@@ -124,6 +125,7 @@ class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth):
 
     # --- plumbing -----------------------------------------------------------------------------
     def _enter(self, name: str, handle: object = None) -> None:
+        self._driver_check()
         if self._inits <= 0:
             raise nvml.NVMLError_Uninitialized()
         handle = self._resolve(handle)
@@ -169,6 +171,7 @@ class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth):
 
     # --- system -------------------------------------------------------------------------------
     def nvmlInit(self) -> None:
+        self._driver_check(init=True)
         if self.init_error is not None:
             _raise(self.init_error)
         self._inits += 1
