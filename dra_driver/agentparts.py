@@ -20,6 +20,7 @@ from dra_driver.devices import (
     holdings,
     migcontrol,
     model,
+    passedthrough,
     passthrough,
     vfiohost,
 )
@@ -139,14 +140,21 @@ def build_driver(
         held_gpus=held_gpus,
         vfio=_vfio_part(settings, devices, mig_control, log),
     )
+    # A GPU on vfio-pci for a claim is invisible to NVML on purpose: never a vanished GPU.
+    vfio = claim_state.vfio
+    hidden = passedthrough.PassedThrough(vfio.passed_through if vfio else None).contains
     if locks is None:
         claim_state.recover()
-        vanished.clean_at_start(claim_state, api=api, driver_name=settings.driver_name)
+        vanished.clean_at_start(
+            claim_state, api=api, driver_name=settings.driver_name, hidden=hidden
+        )
     else:
         claim_state.ownership = instances.SharedOwnership(store=store, locks=locks)
         with locks.exclusive():  # never while the other instance is inside a claim
             claim_state.recover()
-            vanished.clean_at_start(claim_state, api=api, driver_name=settings.driver_name)
+            vanished.clean_at_start(
+                claim_state, api=api, driver_name=settings.driver_name, hidden=hidden
+            )
     driver = driver_mod.Driver(
         claim_state=claim_state,
         log=log,

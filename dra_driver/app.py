@@ -277,6 +277,8 @@ def run(
             log=log,
             metrics=metrics,
             features=features,
+            discover=lambda: passthrough.mark(backend.discover(), vfio),
+            hidden=passed.contains,
         )
         if settings.compute_domains is not None:
             # The second driver, compute-domain.nvidia.com (docs/computedomains.md): its ~10

@@ -325,8 +325,15 @@ def start(
     log: structlog.typing.FilteringBoundLogger,
     metrics: metrics_mod.DriverMetrics,
     features: serverfeatures.ServerFeatures | None = None,
+    discover: Callable[[], model.NodeDevices] | None = None,
+    hidden: rediscovery.Hidden = rediscovery.never_hidden,
 ) -> driverwatch.DriverWatch | None:
-    """Start watching the driver (None: the backend has no NVML module to watch)."""
+    """Start watching the driver (None: the backend has no NVML module to watch).
+
+    ``discover`` rediscovers the node as the agent models it (default: the backend's own; the
+    agent marks the GPUs it offers for passthrough on top); ``hidden(uuid)``: a GPU NVML does
+    not see on purpose (on vfio-pci for a VM claim), kept as it was, never withdrawn as gone.
+    """
     nvml_api = getattr(backend, "nvml_api", None)
     if nvml_api is None:
         return None
@@ -346,8 +353,9 @@ def start(
     parts._nvml_api = nvml_api
     watch = driverwatch.DriverWatch(
         api=nvml_api,
-        discover=backend.discover,
+        discover=discover or backend.discover,
         devices=devices,
+        hidden=hidden,
         board=board,
         log=parts.log,
         on_devices=parts.devices_changed,
