@@ -52,6 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fleetkit
+import imagekit
 from fleetkit import Agent, pct
 
 PROFILES = "dgx-h100,pcie-l4,h100-nvl-pairs,dgx-1-v100,a100-mig,hgx-16-mesh"
@@ -83,6 +84,18 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="the agents' PYTHONOPTIMIZE (default 2, as the chart's python.optimize)",
     )
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="run the agents as before issue 46: python -m dra_driver from --tree with "
+        "--agent-python (default: as the image and the chart run them, imagekit.py)",
+    )
+    parser.add_argument(
+        "--bytecode",
+        choices=("image", "pip"),
+        default="image",
+        help="the image venv's byte-code: the image's (levels 0 and 2) or pip's alone (level 0)",
+    )
     args = parser.parse_args(argv)
     phases = [p for p in args.phases.split(",") if p]
     if args.kubeconfig is not None and "outage" in phases:
@@ -109,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         else fleetkit.FakeServer(base, nodes, group=group)
     )
     profiles = [p for p in args.profiles.split(",") if p]
+    image = None
+    if args.dev:
+        compile_bytecode(args.agent_python, args.tree.resolve(), args.optimize)
+    else:
+        image = imagekit.runtime_venv(args.tree.resolve(), bytecode=args.bytecode)
+    print(describe(image, args), flush=True)
     agents = [
         Agent(
             base / f"a{i:03d}",
@@ -119,15 +138,30 @@ def main(argv: list[str] | None = None) -> int:
             tree=args.tree.resolve(),
             python=args.agent_python,
             optimize=args.optimize,
+            image=image,
         )
         for i, node in enumerate(nodes)
     ]
-    compile_bytecode(args.agent_python, args.tree.resolve(), args.optimize)
     bench = Bench(server, agents, args)
     rows = [bench.run(phase) for phase in phases]
     print_tables(rows, len(agents), fake=args.kubeconfig is None)
     print_checks(rows, len(agents))
     return 0
+
+
+def describe(image: Path | None, args: argparse.Namespace) -> str:
+    """How the agents run, for the first line of the output."""
+    if image is None:
+        return (
+            f"agents run as a checkout (--dev): {args.agent_python} -m dra_driver, "
+            f"PYTHONPATH={args.tree}, PYTHONOPTIMIZE={args.optimize}, MALLOC_ARENA_MAX=2"
+        )
+    env = imagekit.image_env(args.tree, optimize=args.optimize)
+    return (
+        f"agents run as the image runs them: {imagekit.agent_command(image)[0]} (non-editable "
+        f"runtime venv, byte-code: {args.bytecode}), "
+        + " ".join(f"{k}={v}" for k, v in sorted(env.items()))
+    )
 
 
 def compile_bytecode(python: str, tree: Path, optimize: int) -> None:

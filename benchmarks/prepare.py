@@ -45,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchkit
+import imagekit
 from benchkit import REPO, Api, Plugin, claim, pct
 
 GPUS = 256
@@ -130,24 +131,58 @@ def claim_gets(kubeconfig: Path, objs: list[dict[str, Any]], count: int) -> list
 
 
 # Upstream's Go kubelet-plugin helper, side by side with us on a real v1.36.2 API server over
-# TLS (issue 37): prepare p50 and p99 (ms), 32 claims at once (s).
-GO_HELPER = (8.6, 39.1, 0.119)
+# TLS (issue 46, the same run as ours there): prepare p50 and p99 (ms), 32 claims at once (s).
+# For reference only: the figures that count are against the floor of the same run.
+GO_HELPER = (2.47, 40.0, 0.0385)
 
 
-def print_summary(run: Singles, warm32: Burst | None, floor: list[float]) -> None:
-    burst32 = f"{statistics.median(warm32.prepare_s):12.3f}" if warm32 else f"{'-':>12}"
-    print(f"{'summary, over TLS':40} {'p50 ms':>8} {'p99 ms':>8} {'32 at once s':>12}")
+@dataclass
+class Figures:
+    """The three figures of one plugin in this run, and its CPU per prepare + unprepare."""
+
+    singles: Singles
+    warm32: Burst | None
+
+    def values(self) -> tuple[float, float, float | None, float]:
+        p50, p99 = pct(self.singles.prepare_s, 50), pct(self.singles.prepare_s, 99)
+        b32 = statistics.median(self.warm32.prepare_s) if self.warm32 else None
+        cpu = self.singles.cpu_s / max(1, len(self.singles.prepare_s))
+        return p50 * 1000, p99 * 1000, b32, cpu * 1000
+
+
+def print_summary(ours: Figures, floor: Figures | None, gets: list[float]) -> None:
+    """The summary: ours, the same-run floor (``floorplugin.py``), ours against it."""
     print(
-        f"{'  this plugin: prepare':40} {pct(run.prepare_s, 50) * 1000:8.2f} "
-        f"{pct(run.prepare_s, 99) * 1000:8.2f} {burst32}"
+        f"{'summary, over TLS':44} {'p50 ms':>8} {'p99 ms':>8} {'32 at once s':>12} {'CPU ms':>7}"
     )
-    if floor:
+
+    def row(label: str, values: tuple[float, float, float | None, float]) -> None:
+        b32 = f"{values[2]:12.4f}" if values[2] is not None else f"{'-':>12}"
+        print(f"{label:44} {values[0]:8.2f} {values[1]:8.2f} {b32} {values[3]:7.2f}")
+
+    mine = ours.values()
+    row("  this plugin: prepare", mine)
+    if floor is not None:
+        base = floor.values()
+        row("  the floor: minimal prepare (floorplugin.py)", base)
+        ratio = tuple(
+            (a / b if a is not None and b else float("nan"))
+            for a, b in zip(mine, base, strict=True)
+        )
         print(
-            f"{'  the floor: the claim GET alone':40} {pct(floor, 50) * 1000:8.2f} "
-            f"{pct(floor, 99) * 1000:8.2f} {'-':>12}"
+            f"{'  this plugin / the floor':44} {ratio[0]:7.2f}x {ratio[1]:7.2f}x "
+            f"{ratio[2]:11.2f}x {ratio[3]:6.2f}x"
+        )
+    if gets:
+        print(
+            f"{'  the claim GET alone (our client)':44} {pct(gets, 50) * 1000:8.2f} "
+            f"{pct(gets, 99) * 1000:8.2f} {'-':>12} {'-':>7}"
         )
     go = GO_HELPER
-    print(f"{'  Go helper (real API server, issue 37)':40} {go[0]:8.1f} {go[1]:8.1f} {go[2]:12.3f}")
+    print(
+        f"{'  Go helper, real API server (issue 46)':44} {go[0]:8.2f} {go[1]:8.2f} "
+        f"{go[2]:12.4f} {'-':>7}"
+    )
 
 
 def print_singles(title: str, run: Singles) -> None:
@@ -187,6 +222,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cdi-on-disk", action="store_true", help="CDI specs on the temp dir's disk, not tmpfs"
     )
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="run the plugin as before issue 46: python -m dra_driver from the tree, this "
+        "interpreter, no image environment (default: as the image and the chart run it)",
+    )
+    parser.add_argument(
+        "--bytecode",
+        choices=("image", "pip"),
+        default="image",
+        help="the venv's byte-code: the image's (levels 0 and 2) or pip's alone (level 0)",
+    )
+    parser.add_argument(
+        "--synthetic-claims",
+        action="store_true",
+        help="the old small claim bodies instead of the real server's shape (real-wire/)",
+    )
+    parser.add_argument("--no-floor", action="store_true", help="skip the floor plugin's run")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     idle_sizes = sizes
@@ -199,9 +252,18 @@ def main(argv: list[str] | None = None) -> int:
     # default 30 s): a third of the cut-off. Older trees ignore the variable.
     env = {"API_KEEPALIVE": f"{args.idle_s / 3:g}"}
 
+    image = None if args.dev else imagekit.runtime_venv(args.tree, bytecode=args.bytecode)
+    template = None if args.synthetic_claims else benchkit.real_claim_template()
+    if template is not None:
+        objs = [benchkit.real_claim(template, f"c-{i}", f"gpu-{i}") for i in range(GPUS)]
+        bodies = "real-shaped (real-wire/: managedFields, finalizers, reservedFor)"
+    else:
+        objs = [claim(f"c-{i}", f"gpu-{i}") for i in range(GPUS)]
+        bodies = "SYNTHETIC (small, no managedFields)" + (
+            "" if args.synthetic_claims else ": ../shared/reference/real-wire is MISSING"
+        )
     base = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
     profile = benchkit.make_node(base, GPUS)
-    objs = [claim(f"c-{i}", f"gpu-{i}") for i in range(GPUS)]
     claims_file = base / "claims.json"
     claims_file.write_text(json.dumps(objs))
     cdi = benchkit.cdi_root(base, args.cdi_on_disk)
@@ -215,9 +277,17 @@ def main(argv: list[str] | None = None) -> int:
         plain = Api(base, claims_file, tls=False, delay_ms=args.api_delay_ms, name="plain")
         apis += [tls, tls_idle, plain]
 
-        def plugin(api: Api, label: str) -> Plugin:
+        def plugin(api: Api, label: str, floor: bool = False) -> Plugin:
             return Plugin(
-                base, api.kubeconfig, profile, cdi=cdi, tree=args.tree, env=env, label=label
+                base,
+                api.kubeconfig,
+                profile,
+                cdi=cdi,
+                tree=args.tree,
+                env=env,
+                label=label,
+                image=image,
+                floor=floor,
             )
 
         for _ in range(args.cold_rounds):  # a plugin just started: its first burst
@@ -234,27 +304,41 @@ def main(argv: list[str] | None = None) -> int:
                 for n in sizes:
                     burst(p, tls, objs[:n], bursts.setdefault((WARM, n), Burst()))
             long_tls = singles(p, objs, args.singles)
+            rss_agent = p.rss_mib()
         finally:
             p.stop()
+        floor_run: Figures | None = None
+        if not args.no_floor:  # the same bursts and singles, the minimal plugin
+            p = plugin(tls, "floor", floor=True)
+            try:
+                burst(p, tls, objs[:32], Burst())  # warm-up
+                for _ in range(args.rounds):
+                    for n in sizes:
+                        burst(p, tls, objs[:n], bursts.setdefault(("floor", n), Burst()))
+                floor_run = Figures(singles(p, objs, args.singles), bursts.get(("floor", 32)))
+            finally:
+                p.stop()
         floor = claim_gets(tls.kubeconfig, objs, args.floor_gets)
-        p = plugin(tls_idle, "idle")
-        try:
-            burst(p, tls_idle, objs[:32], Burst())  # warm-up
-            for _ in range(args.cold_rounds):
-                for n in idle_sizes:
-                    time.sleep(quiet_s)
-                    burst(p, tls_idle, objs[:n], bursts.setdefault((IDLE, n), Burst()))
-        finally:
-            p.stop()
-        p = plugin(plain, "plain")
-        try:
-            burst(p, None, objs[:32], Burst())  # warm-up
-            plain_burst = Burst()
-            for _ in range(args.rounds):
-                burst(p, None, objs[:32], plain_burst)
-            long_plain = singles(p, objs, args.plain_singles)
-        finally:
-            p.stop()
+        if args.cold_rounds > 0:
+            p = plugin(tls_idle, "idle")
+            try:
+                burst(p, tls_idle, objs[:32], Burst())  # warm-up
+                for _ in range(args.cold_rounds):
+                    for n in idle_sizes:
+                        time.sleep(quiet_s)
+                        burst(p, tls_idle, objs[:n], bursts.setdefault((IDLE, n), Burst()))
+            finally:
+                p.stop()
+        plain_burst, long_plain = Burst(), None
+        if args.plain_singles > 0:
+            p = plugin(plain, "plain")
+            try:
+                burst(p, None, objs[:32], Burst())  # warm-up
+                for _ in range(args.rounds):
+                    burst(p, None, objs[:32], plain_burst)
+                long_plain = singles(p, objs, args.plain_singles)
+            finally:
+                p.stop()
     finally:
         for api in apis:
             api.stop()
@@ -266,6 +350,17 @@ def main(argv: list[str] | None = None) -> int:
         f"kubelet plugin prepare benchmark, plugin from {tree}: {os.cpu_count()} CPUs, "
         f"CDI specs on {benchkit.fs_type(cdi)}, API delay {args.api_delay_ms:g} ms"
     )
+    if image is not None:
+        envs = " ".join(f"{k}={v}" for k, v in sorted(imagekit.image_env(args.tree).items()))
+        print(
+            f"run as the image runs it: {imagekit.agent_command(image)[0]} (non-editable "
+            f"runtime venv, byte-code: {args.bytecode}), log level "
+            f"{imagekit.chart_log_level(args.tree)}, {envs}"
+        )
+    else:
+        print("run as a checkout (--dev): python -m dra_driver, PYTHONPATH, this interpreter")
+    size = len(json.dumps(objs[0], separators=(",", ":")))
+    print(f"claim bodies: {bodies}, ~{size} bytes each; load average {os.getloadavg()[0]:.1f}")
     print(
         f"API over TLS 1.3 + client certificate (RSA 2048); server closes idle connections "
         f"after {args.idle_s:g} s, idle bursts after {quiet_s:g} s of quiet"
@@ -277,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'  median of rounds, ms':30} {'wall ms':>10} {'wall ms':>10} {'ms':>9} {'(resumed)':>11}"
     )
-    for state in (COLD, WARM, IDLE):
+    for state in (COLD, WARM, IDLE, "floor"):
         for n in sizes:
             if (state, n) in bursts:
                 print(f"{f'  {n:>3} claims, {state}':30} " + bursts[(state, n)].row())
@@ -287,12 +382,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  32 at once after idle / warm: {ratio:.2f}x")
     print()
     print_singles("one claim at a time (TLS)", long_tls)
+    print(f"  plugin RSS at the end of the warm run: {rss_agent:.1f} MiB")
+    if floor_run is not None:
+        print_singles("the floor, one claim at a time (TLS)", floor_run.singles)
+    if long_plain is not None:
+        print()
+        print(f"plain HTTP (no TLS), for comparison, {args.rounds} rounds")
+        print(f"{f'  {32:>3} claims, {WARM}':30} " + plain_burst.row())
+        print_singles("one claim at a time (HTTP)", long_plain)
     print()
-    print(f"plain HTTP (no TLS), for comparison, {args.rounds} rounds")
-    print(f"{f'  {32:>3} claims, {WARM}':30} " + plain_burst.row())
-    print_singles("one claim at a time (HTTP)", long_plain)
-    print()
-    print_summary(long_tls, bursts.get((WARM, 32)), floor)
+    print_summary(Figures(long_tls, bursts.get((WARM, 32))), floor_run, floor)
     return 0
 
 
