@@ -204,14 +204,14 @@ def test_restored_on_recovery_and_orphans_removed(node: Node) -> None:
 def test_metadata_write_failure_fails_the_claim_and_leaves_nothing(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = atomicfile.write_json
+    real = atomicfile.write_new
 
-    def full(path: Any, obj: Any, **kwargs: Any) -> None:
+    def full(path: Any, data: bytes, **kwargs: Any) -> None:
         if str(path).endswith(".metadata.json"):  # the second file: claim.json is written
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(path, obj, **kwargs)
+        real(path, data, **kwargs)
 
-    monkeypatch.setattr(devicemeta.atomicfile, "write_json", full)
+    monkeypatch.setattr(devicemeta.atomicfile, "write_new", full)
     ref = node.add(claim_obj(name="full", uid=new_uid(), devices=["gpu-0"]))
     error = node.driver.prepare([ref])[ref.uid].error
     assert "cannot write metadata file" in error and "(ENOSPC)" in error
