@@ -229,6 +229,10 @@ class Api:
             transport.Endpoint(host=host, port=int(port), tls=context), timeouts=(5.0, 10.0)
         )
 
+    def cpu_s(self) -> float:
+        """CPU time the API server process has used so far (its threads' run time)."""
+        return _cpu_s(self.proc.pid)
+
     def stats(self) -> dict[str, int]:
         """Connections accepted and TLS sessions resumed so far (this call's included)."""
         response = self._http.request("GET", "/fakeapi/stats")
@@ -399,13 +403,7 @@ class Plugin:
     def cpu_s(self) -> float:
         """CPU time the plugin's threads have used so far, in nanoseconds' resolution (the
         scheduler's run time of each live thread; /proc/PID/stat counts 10 ms ticks)."""
-        total = 0
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            try:
-                total += int((task / "schedstat").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue  # the thread ended meanwhile
-        return total / 1e9
+        return _cpu_s(self.proc.pid)
 
     def rss_mib(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -419,6 +417,18 @@ class Plugin:
         self.proc.wait(timeout=20)
         self.log.close()
         shutil.rmtree(self.cdi, ignore_errors=True)
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's CPU time so far from its live threads' scheduler run time (ns resolution;
+    /proc/PID/stat counts 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+    return total / 1e9
 
 
 def fs_type(path: Path) -> str:

@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         "--optimize",
         type=int,
         choices=(0, 2),
-        default=2,
-        help="the agents' PYTHONOPTIMIZE (default 2, as the chart's python.optimize)",
+        default=imagekit.chart_optimize(),
+        help="the agents' PYTHONOPTIMIZE (default: the chart's python.optimize, 2)",
     )
     parser.add_argument(
         "--dev",

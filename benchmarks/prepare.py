@@ -5,25 +5,40 @@ node (real CDI and checkpoint files with fsync, CDI specs on a tmpfs); the bench
 kubelet — gRPC over the plugin's unix socket, one claim per call, many calls at once for separate
 pods — and every prepare GETs its claim from the in-memory API server in another process, over
 TLS 1.3 with a client certificate (a throw-away CA, RSA 2048), optionally ``--api-delay-ms``
-late. (See ``benchmarks/benchkit.py``.) Printed as tables:
+late. (See ``benchmarks/benchkit.py``.)
+
+As users run it (issue 46), by default: the plugin is installed and started as the container
+image and the chart do (``imagekit.py``: a non-editable runtime-only venv, byte-code compiled at
+levels 0 and 2, the Dockerfile's ``ENV`` and the chart's ``PYTHONOPTIMIZE`` and log level, the
+venv's ``dra-driver`` entry point; ``--dev``: ``python -m dra_driver`` from the tree as before),
+and the claims are shaped and sized as a real kube-apiserver's GET answers them (``real-wire/``
+of ``../shared/reference``: managedFields, finalizers, reservedFor; without it, small synthetic
+claims, labelled so). Beside it, in the same run, against the same server: **the floor**
+(``floorplugin.py``), a minimal plugin that does per claim only the GET, the CDI spec and a
+checkpoint, as upstream's Go helper does; every summary figure is given against it.
+
+Printed as tables:
 
 * bursts of 1, 32, 64 and 256 claims at once (``--sizes``), with the plugin's connection pool
   cold (a plugin just started), warm, and after the server closed idle connections (it closes
   them after ``--idle-s`` seconds, and the burst comes after ``--idle-s`` + 1 s of quiet;
-  ``--real-idle``: kube-apiserver's 90 s, and 100 s of quiet): median wall time of the prepare
-  burst and of the unprepare burst, the plugin's CPU per claim (prepare + unprepare) and the new
-  TLS connections the server accepted during the prepare burst (resumed sessions in brackets);
-* one claim at a time for ``--singles`` cycles (≥ 2,000 for a long run): prepare and unprepare
-  latency percentiles, CPU per prepare + unprepare, the plugin's RSS before and after;
-* the same over plain HTTP (one burst size and the single-claim run) for comparison;
-* a summary of the three figures issue 37 holds us to (single prepares p50 and p99, 32 claims at
-  once, warm, over TLS), next to upstream's Go kubelet-plugin helper as measured then on a real
-  API server, and the floor: the claim GET alone (``--floor-gets`` GETs through the plugin's own
-  client code, from this process, one at a time), which every prepare must make.
+  ``--real-idle``: kube-apiserver's 90 s, and 100 s of quiet), and the floor's warm bursts:
+  median wall time of the prepare burst and of the unprepare burst; CPU per claim of the plugin
+  (prepare + unprepare, then the prepare burst alone), of the API server and of this process
+  (the kubelet's side) during the prepare burst — the last two share the 2 cores with the plugin
+  and are the measurement's own overhead; the new TLS connections the server accepted during the
+  prepare burst (resumed sessions in brackets);
+* one claim at a time for ``--singles`` cycles (≥ 2,000 for a long run), ours and the floor's:
+  prepare and unprepare latency percentiles, CPU per prepare + unprepare, the plugin's RSS;
+* the same over plain HTTP (one burst size and the single-claim run) for comparison
+  (``--plain-singles 0``: skipped);
+* a summary of the three figures issues 37 and 46 hold us to (single prepares p50 and p99, 32
+  claims at once, warm, over TLS) and CPU per prepare + unprepare: ours, the floor's, ours / the
+  floor; the claim GET alone through our client (``--floor-gets``); and upstream's Go helper as
+  issue 46 measured it on a real API server (for reference: not the same run).
 
 ``--tree`` runs the plugin from another source tree (e.g. an export of ``main``) with this
-benchmark's API server and client, for before/after tables. The benchmark client's own CPU is not
-counted, but it shares the machine's cores with the plugin and the API server.
+benchmark's API server and client, for before/after tables.
 
 Run: ``python benchmarks/prepare.py [--singles N] [--rounds N] [--tree DIR]``.
 """
@@ -60,15 +75,20 @@ class Burst:
     claims: int = 0
     connections: list[int] = field(default_factory=list)
     resumed: list[int] = field(default_factory=list)
+    prepare_cpu_s: float = 0.0  # the plugin's, during the prepare bursts only
+    api_cpu_s: float = 0.0  # the API server's, during the prepare bursts
+    client_cpu_s: float = 0.0  # this process's (the kubelet's side), during the prepare bursts
 
     def row(self) -> str:
-        cpu = self.cpu_s / max(1, self.claims) * 1000
+        per = 1000 / max(1, self.claims)
         conns = f"{statistics.median(self.connections):g}" if self.connections else "-"
         if self.resumed and max(self.resumed):
             conns += f" ({statistics.median(self.resumed):g})"
         return (
             f"{statistics.median(self.prepare_s) * 1000:10.1f} "
-            f"{statistics.median(self.unprepare_s) * 1000:10.1f} {cpu:9.2f} {conns:>11}"
+            f"{statistics.median(self.unprepare_s) * 1000:10.1f} {self.cpu_s * per:9.2f} "
+            f"{self.prepare_cpu_s * per:9.2f} {self.api_cpu_s * per:8.2f} "
+            f"{self.client_cpu_s * per:8.2f} {conns:>11}"
         )
 
 
@@ -76,7 +96,12 @@ def burst(plugin: Plugin, api: Api | None, objs: list[dict[str, Any]], into: Bur
     """Prepare ``objs`` at once (one call each), then unprepare them at once; add to ``into``."""
     before = api.stats() if api is not None and api.tls else None
     cpu = plugin.cpu_s()
+    api_cpu = api.cpu_s() if api is not None else 0.0
+    client_cpu = time.process_time()
     into.prepare_s.append(plugin.burst(objs))
+    into.client_cpu_s += time.process_time() - client_cpu
+    into.prepare_cpu_s += plugin.cpu_s() - cpu
+    into.api_cpu_s += (api.cpu_s() - api_cpu) if api is not None else 0.0
     if before is not None and api is not None:
         after = api.stats()
         into.connections.append(after["connections"] - before["connections"])
@@ -367,10 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'claims at once (1 per call)':30} {'prepare':>10} {'unprepare':>10} {'CPU/claim':>9} "
-        f"{'new conns':>11}"
+        f"{'prep. CPU':>9} {'API CPU':>8} {'kubelet':>8} {'new conns':>11}"
     )
     print(
-        f"{'  median of rounds, ms':30} {'wall ms':>10} {'wall ms':>10} {'ms':>9} {'(resumed)':>11}"
+        f"{'  median of rounds, ms':30} {'wall ms':>10} {'wall ms':>10} {'ms':>9} {'ms':>9} "
+        f"{'ms':>8} {'CPU ms':>8} {'(resumed)':>11}"
     )
     for state in (COLD, WARM, IDLE, "floor"):
         for n in sizes:
