@@ -164,6 +164,25 @@ class ClaimMetadata:
             }
         return out
 
+    def paths(self, record: checkpoint.ClaimRecord) -> list[str]:
+        """The host paths of :meth:`files` alone, without building their content (unprepare
+        removes them: issue 46's profile had half of ``files``' cost there)."""
+        legacy = self._legacy(record)
+        root = self.legacy_dir(record.uid)
+        out = [os.fspath(root / LEGACY_CLAIM_FILE) if legacy else self.claim_file(record.uid)]
+        requests: dict[str, None] = {}
+        for dev in record.devices:
+            for request in dev.requestNames[:1]:
+                if _NAME.match(request):
+                    requests[request] = None
+        for request in requests:
+            out.append(
+                os.fspath(root / "requests" / request / "metadata.json")
+                if legacy
+                else self.request_file(record.uid, request)
+            )
+        return out
+
     def _device(self, dev: checkpoint.DeviceRecord) -> dict[str, Any]:
         known = self.devices.get(dev.deviceName)
         out: dict[str, Any] = {"name": dev.deviceName, "requests": list(dev.requestNames)}
@@ -281,7 +300,7 @@ class ClaimMetadata:
         names (one ``unlink`` each); without, whatever carries its UID. False when there was
         none."""
         if record is not None and record.uid == ref.uid:
-            paths = list(self.files(record))
+            paths = self.paths(record)
         else:
             paths = self._files_of(ref.uid)
         found = False
