@@ -370,7 +370,7 @@ def print_tables(rows: list[dict[str, Any]], agents: int, *, fake: bool) -> None
 
 
 def print_checks(rows: list[dict[str, Any]], agents: int) -> None:
-    """The issue's acceptance bars (#38), each with its figure."""
+    """The issues' acceptance bars (#38; #46's memory bar), each with its figure."""
     by = {row["phase"]: row for row in rows}
 
     def slice_requests(row: dict[str, Any], writes_only: bool) -> int | None:
@@ -390,6 +390,7 @@ def print_checks(rows: list[dict[str, Any]], agents: int) -> None:
         checks.append(("every node published within 60 s", ok, _s(current)))
         rss = pct(by["cold"]["rss"], 50)
         checks.append(("RSS per agent p50 <= 50 MiB", rss <= 50, f"{rss:.1f} MiB"))
+        checks.append(("RSS per agent p50 <= 45 MiB (#46)", rss <= 45, f"{rss:.1f} MiB"))
     if by.get("idle", {}).get("idle_cpu"):
         idle = statistics.median(by["idle"]["idle_cpu"])
         checks.append(("idle CPU per agent <= 0.5 % of a core", idle <= 0.5, f"{idle:.3f} %"))
