@@ -6,9 +6,10 @@ do without (gRPC with the kubelet's two servers, TLS, protobuf, structlog, prome
 pynvml; not PyYAML, which an agent with an in-cluster or JSON configuration never loads), so the
 agent's own share (``benchmarks/fleet.py``) can be read against that floor (docs/fleet.md).
 
-Run: ``python benchmarks/agent_floor.py [--python PATH] [--optimize 0|2]`` (e.g. a venv with the
-runtime dependencies only, as the container image has; ``PYTHONOPTIMIZE=2`` by default, as the
-chart runs the agents).
+Run: ``python benchmarks/agent_floor.py [--python PATH] [--optimize 0|2]``. By default the
+interpreter is the venv the image builds (``imagekit.py``: runtime dependencies only, byte-code of
+levels 0 and 2) with the image's environment and ``PYTHONOPTIMIZE=2``, as the chart runs the
+agents; ``--python`` runs another one with this process's environment.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import imagekit
 
 STEPS = [
     ("interpreter", ""),
@@ -47,8 +53,10 @@ with open("/proc/self/status") as status:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--python", default=sys.executable, help="the agents' interpreter")
+    parser = argparse.ArgumentParser(description=(__doc__ or "agent floor").split("\n\n")[0])
+    parser.add_argument(
+        "--python", default=None, help="the agents' interpreter (default: the image's venv)"
+    )
     parser.add_argument(
         "--optimize",
         type=int,
@@ -57,7 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         help="PYTHONOPTIMIZE, as the chart runs the agents (default 2)",
     )
     args = parser.parse_args(argv)
-    env = {**os.environ, "PYTHONOPTIMIZE": str(args.optimize) if args.optimize else ""}
+    if args.python is None:
+        venv = imagekit.runtime_venv()
+        args.python = str(venv / "bin/python")
+        env = imagekit.process_env(venv, optimize=args.optimize)
+    else:
+        env = {**os.environ, "PYTHONOPTIMIZE": str(args.optimize) if args.optimize else ""}
+    print(f"interpreter {args.python}, PYTHONOPTIMIZE={args.optimize}")
     names: list[str] = []
     print(f"{'step':40} {'RSS MiB':>8} {'added':>7}")
     last = 0.0

@@ -82,6 +82,38 @@ def claim(name: str, device: str) -> dict[str, Any]:
     }
 
 
+REAL_WIRE = REPO.parent / "shared" / "reference" / "real-wire"
+
+
+def real_claim_template() -> dict[str, Any] | None:
+    """The claim GET a real kube-apiserver v1.36.2 answered (``../shared/reference/real-wire/``:
+    managedFields, finalizers, reservedFor, nodeSelector), or None where that folder is missing."""
+    path = REAL_WIRE / "resourceclaim-allocated-get.json"
+    if not path.is_file():
+        return None
+    return dict(json.loads(path.read_text()))
+
+
+def real_claim(template: dict[str, Any], name: str, device: str) -> dict[str, Any]:
+    """A claim shaped and sized as the real server's body: ``template``'s metadata (its three
+    managedFields entries, its finalizer), spec (a ``firstAvailable`` request) and status (its
+    nodeSelector, allocationTimestamp and a reservedFor entry), renamed, on this node, with
+    ``device`` as its one result (one GPU per claim, as the other benchmark claims)."""
+    obj = json.loads(json.dumps(template))
+    meta = obj["metadata"]
+    meta.update(name=name, namespace="bench", uid=str(uuid.uuid4()))
+    meta.pop("resourceVersion", None)  # the in-memory server sets its own
+    status = obj["status"]
+    result = dict(status["allocation"]["devices"]["results"][0], pool=NODE, device=device)
+    status["allocation"]["devices"]["results"] = [result]
+    for term in status["allocation"].get("nodeSelector", {}).get("nodeSelectorTerms", []):
+        for field in term.get("matchFields", []):
+            field["values"] = [NODE]
+    for reserved in status.get("reservedFor", []):
+        reserved.update(name=name, uid=str(uuid.uuid4()))
+    return dict(obj)
+
+
 def make_node(base: Path, gpus: int = GPUS) -> Path:
     """The fake node's profile and driver root under ``base``; returns the profile."""
     profile = base / "profile.yaml"
@@ -197,6 +229,10 @@ class Api:
             transport.Endpoint(host=host, port=int(port), tls=context), timeouts=(5.0, 10.0)
         )
 
+    def cpu_s(self) -> float:
+        """CPU time the API server process has used so far (its threads' run time)."""
+        return _cpu_s(self.proc.pid)
+
     def stats(self) -> dict[str, int]:
         """Connections accepted and TLS sessions resumed so far (this call's included)."""
         response = self._http.request("GET", "/fakeapi/stats")
@@ -242,17 +278,29 @@ class Plugin:
         tree: Path = REPO,
         env: dict[str, str] | None = None,
         label: str = "",
+        image: Path | None = None,
+        floor: bool = False,
     ) -> None:
+        """``image``: a venv of :mod:`imagekit` — the agent then runs as the container image
+        and the chart run it (its entry point, outside the tree, the image's environment and
+        the chart's log level) instead of ``python -m dra_driver`` from ``tree``. ``floor``: run
+        :mod:`floorplugin` instead of the agent (the same sockets, the same kubelet calls)."""
         self.base = base
         self.cdi = cdi or base / "cdi"
         for sub in (base / "registry", base / "plugins", self.cdi):
             shutil.rmtree(sub, ignore_errors=True)
+        if image is not None:
+            import imagekit
+
+            head = [*imagekit.agent_command(image), "--log-level", imagekit.chart_log_level()]
+            environ = {**imagekit.process_env(image, tree), **(env or {})}
+            cwd = base
+        else:
+            head = [sys.executable, "-m", "dra_driver", "--log-level", "warning"]
+            environ = {**os.environ, "PYTHONPATH": str(tree), **(env or {})}
+            cwd = tree
         argv = [
-            sys.executable,
-            "-m",
-            "dra_driver",
-            "--log-level",
-            "warning",
+            *head,
             "kubelet-plugin",
             "--node-name",
             NODE,
@@ -279,10 +327,15 @@ class Plugin:
             "0",
             *(["--serial"] if serial else []),
         ]
+        if floor:
+            python = str(image / "bin/python") if image is not None else sys.executable
+            floor_script = Path(__file__).with_name("floorplugin.py")
+            argv = [python, str(floor_script), "--kubeconfig", str(kubeconfig)]
+            argv += ["--plugins-dir", str(base / "plugins"), "--cdi-root", str(self.cdi)]
+            argv += ["--driver-name", DRIVER]
         name = label or ("serial" if serial else "parallel")
         self.log = (base / f"plugin-{name}.log").open("wb")
-        environ = {**os.environ, "PYTHONPATH": str(tree), **(env or {})}
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=self.log, cwd=tree, env=environ)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=self.log, cwd=cwd, env=environ)
         import grpc
 
         from dra_driver.pb.dra.v1 import dra_pb2, dra_pb2_grpc
@@ -291,7 +344,7 @@ class Plugin:
         sock = base / "plugins" / DRIVER / "dra.sock"
         reg = base / "registry" / f"{DRIVER}-reg.sock"
         deadline = time.monotonic() + 60
-        while not (sock.exists() and reg.exists()):
+        while not (sock.exists() and (floor or reg.exists())):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"plugin did not start; see {self.log.name}")
             time.sleep(0.01)
@@ -350,13 +403,7 @@ class Plugin:
     def cpu_s(self) -> float:
         """CPU time the plugin's threads have used so far, in nanoseconds' resolution (the
         scheduler's run time of each live thread; /proc/PID/stat counts 10 ms ticks)."""
-        total = 0
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            try:
-                total += int((task / "schedstat").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue  # the thread ended meanwhile
-        return total / 1e9
+        return _cpu_s(self.proc.pid)
 
     def rss_mib(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -370,6 +417,18 @@ class Plugin:
         self.proc.wait(timeout=20)
         self.log.close()
         shutil.rmtree(self.cdi, ignore_errors=True)
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's CPU time so far from its live threads' scheduler run time (ns resolution;
+    /proc/PID/stat counts 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+    return total / 1e9
 
 
 def fs_type(path: Path) -> str:

@@ -52,6 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fleetkit
+import imagekit
 from fleetkit import Agent, pct
 
 PROFILES = "dgx-h100,pcie-l4,h100-nvl-pairs,dgx-1-v100,a100-mig,hgx-16-mesh"
@@ -80,8 +81,20 @@ def main(argv: list[str] | None = None) -> int:
         "--optimize",
         type=int,
         choices=(0, 2),
-        default=2,
-        help="the agents' PYTHONOPTIMIZE (default 2, as the chart's python.optimize)",
+        default=imagekit.chart_optimize(),
+        help="the agents' PYTHONOPTIMIZE (default: the chart's python.optimize, 2)",
+    )
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="run the agents as before issue 46: python -m dra_driver from --tree with "
+        "--agent-python (default: as the image and the chart run them, imagekit.py)",
+    )
+    parser.add_argument(
+        "--bytecode",
+        choices=("image", "pip"),
+        default="image",
+        help="the image venv's byte-code: the image's (levels 0 and 2) or pip's alone (level 0)",
     )
     args = parser.parse_args(argv)
     phases = [p for p in args.phases.split(",") if p]
@@ -109,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         else fleetkit.FakeServer(base, nodes, group=group)
     )
     profiles = [p for p in args.profiles.split(",") if p]
+    image = None
+    if args.dev:
+        compile_bytecode(args.agent_python, args.tree.resolve(), args.optimize)
+    else:
+        image = imagekit.runtime_venv(args.tree.resolve(), bytecode=args.bytecode)
+    print(describe(image, args), flush=True)
     agents = [
         Agent(
             base / f"a{i:03d}",
@@ -119,15 +138,30 @@ def main(argv: list[str] | None = None) -> int:
             tree=args.tree.resolve(),
             python=args.agent_python,
             optimize=args.optimize,
+            image=image,
         )
         for i, node in enumerate(nodes)
     ]
-    compile_bytecode(args.agent_python, args.tree.resolve(), args.optimize)
     bench = Bench(server, agents, args)
     rows = [bench.run(phase) for phase in phases]
     print_tables(rows, len(agents), fake=args.kubeconfig is None)
     print_checks(rows, len(agents))
     return 0
+
+
+def describe(image: Path | None, args: argparse.Namespace) -> str:
+    """How the agents run, for the first line of the output."""
+    if image is None:
+        return (
+            f"agents run as a checkout (--dev): {args.agent_python} -m dra_driver, "
+            f"PYTHONPATH={args.tree}, PYTHONOPTIMIZE={args.optimize}, MALLOC_ARENA_MAX=2"
+        )
+    env = imagekit.image_env(args.tree, optimize=args.optimize)
+    return (
+        f"agents run as the image runs them: {imagekit.agent_command(image)[0]} (non-editable "
+        f"runtime venv, byte-code: {args.bytecode}), "
+        + " ".join(f"{k}={v}" for k, v in sorted(env.items()))
+    )
 
 
 def compile_bytecode(python: str, tree: Path, optimize: int) -> None:
@@ -336,7 +370,7 @@ def print_tables(rows: list[dict[str, Any]], agents: int, *, fake: bool) -> None
 
 
 def print_checks(rows: list[dict[str, Any]], agents: int) -> None:
-    """The issue's acceptance bars (#38), each with its figure."""
+    """The issues' acceptance bars (#38; #46's memory bar), each with its figure."""
     by = {row["phase"]: row for row in rows}
 
     def slice_requests(row: dict[str, Any], writes_only: bool) -> int | None:
@@ -356,6 +390,7 @@ def print_checks(rows: list[dict[str, Any]], agents: int) -> None:
         checks.append(("every node published within 60 s", ok, _s(current)))
         rss = pct(by["cold"]["rss"], 50)
         checks.append(("RSS per agent p50 <= 50 MiB", rss <= 50, f"{rss:.1f} MiB"))
+        checks.append(("RSS per agent p50 <= 45 MiB (#46)", rss <= 45, f"{rss:.1f} MiB"))
     if by.get("idle", {}).get("idle_cpu"):
         idle = statistics.median(by["idle"]["idle_cpu"])
         checks.append(("idle CPU per agent <= 0.5 % of a core", idle <= 0.5, f"{idle:.3f} %"))

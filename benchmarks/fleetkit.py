@@ -237,14 +237,19 @@ class Agent:
         tree: Path = REPO,
         python: str = sys.executable,
         optimize: int = 0,
+        image: Path | None = None,
     ) -> None:
         """``tree``: the source tree to run (e.g. an export of ``main``, for before/after);
         ``python``: the interpreter (e.g. of a venv with the runtime dependencies only, as the
         container image has: no ``rich``, which structlog loads when it is there);
-        ``optimize``: its ``PYTHONOPTIMIZE`` (the chart runs the agents with 2)."""
+        ``optimize``: its ``PYTHONOPTIMIZE`` (the chart runs the agents with 2);
+        ``image``: a venv of ``imagekit.py`` — the agent then runs as the container image and the
+        chart run it (the venv's ``dra-driver``, outside the tree, the image's environment with
+        ``optimize``) and ``tree`` and ``python`` are not used."""
         self.base, self.node, self.profile = base, node, profile
         self.kubeconfig, self.group = kubeconfig, group
         self.tree, self.python, self.optimize = tree, python, optimize
+        self.image = image
         self.proc: subprocess.Popen[bytes] | None = None
         self.pod_uid = ""
         self.started = 0.0
@@ -259,10 +264,23 @@ class Agent:
         """Start (again) as pod ``pod_uid``: the same node and directories."""
         self.generation += 1
         self.pod_uid, self._port = pod_uid, None
+        if self.image is not None:
+            import imagekit
+
+            head = imagekit.agent_command(self.image)
+            env = imagekit.process_env(self.image, self.tree, optimize=self.optimize)
+            cwd = self.base
+        else:
+            head = [self.python, "-m", "dra_driver"]
+            env = {
+                **os.environ,
+                "PYTHONPATH": str(self.tree),
+                "PYTHONOPTIMIZE": str(self.optimize) if self.optimize else "",
+                "MALLOC_ARENA_MAX": "2",  # as the container image sets it
+            }
+            cwd = self.tree
         argv = [
-            self.python,
-            "-m",
-            "dra_driver",
+            *head,
             "--log-format",
             "json",
             "kubelet-plugin",
@@ -293,14 +311,9 @@ class Agent:
                 stdout=log,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
-                cwd=self.tree,
+                cwd=cwd,
                 process_group=self.group,
-                env={
-                    **os.environ,
-                    "PYTHONPATH": str(self.tree),
-                    "PYTHONOPTIMIZE": str(self.optimize) if self.optimize else "",
-                    "MALLOC_ARENA_MAX": "2",  # as the container image sets it
-                },
+                env=env,
             )
         return self
 
@@ -315,6 +328,7 @@ class Agent:
             tree=self.tree,
             python=self.python,
             optimize=self.optimize,
+            image=self.image,
         )
         new.generation = self.generation
         return new

@@ -5,25 +5,40 @@ node (real CDI and checkpoint files with fsync, CDI specs on a tmpfs); the bench
 kubelet — gRPC over the plugin's unix socket, one claim per call, many calls at once for separate
 pods — and every prepare GETs its claim from the in-memory API server in another process, over
 TLS 1.3 with a client certificate (a throw-away CA, RSA 2048), optionally ``--api-delay-ms``
-late. (See ``benchmarks/benchkit.py``.) Printed as tables:
+late. (See ``benchmarks/benchkit.py``.)
+
+As users run it (issue 46), by default: the plugin is installed and started as the container
+image and the chart do (``imagekit.py``: a non-editable runtime-only venv, byte-code compiled at
+levels 0 and 2, the Dockerfile's ``ENV`` and the chart's ``PYTHONOPTIMIZE`` and log level, the
+venv's ``dra-driver`` entry point; ``--dev``: ``python -m dra_driver`` from the tree as before),
+and the claims are shaped and sized as a real kube-apiserver's GET answers them (``real-wire/``
+of ``../shared/reference``: managedFields, finalizers, reservedFor; without it, small synthetic
+claims, labelled so). Beside it, in the same run, against the same server: **the floor**
+(``floorplugin.py``), a minimal plugin that does per claim only the GET, the CDI spec and a
+checkpoint, as upstream's Go helper does; every summary figure is given against it.
+
+Printed as tables:
 
 * bursts of 1, 32, 64 and 256 claims at once (``--sizes``), with the plugin's connection pool
   cold (a plugin just started), warm, and after the server closed idle connections (it closes
   them after ``--idle-s`` seconds, and the burst comes after ``--idle-s`` + 1 s of quiet;
-  ``--real-idle``: kube-apiserver's 90 s, and 100 s of quiet): median wall time of the prepare
-  burst and of the unprepare burst, the plugin's CPU per claim (prepare + unprepare) and the new
-  TLS connections the server accepted during the prepare burst (resumed sessions in brackets);
-* one claim at a time for ``--singles`` cycles (≥ 2,000 for a long run): prepare and unprepare
-  latency percentiles, CPU per prepare + unprepare, the plugin's RSS before and after;
-* the same over plain HTTP (one burst size and the single-claim run) for comparison;
-* a summary of the three figures issue 37 holds us to (single prepares p50 and p99, 32 claims at
-  once, warm, over TLS), next to upstream's Go kubelet-plugin helper as measured then on a real
-  API server, and the floor: the claim GET alone (``--floor-gets`` GETs through the plugin's own
-  client code, from this process, one at a time), which every prepare must make.
+  ``--real-idle``: kube-apiserver's 90 s, and 100 s of quiet), and the floor's warm bursts:
+  median wall time of the prepare burst and of the unprepare burst; CPU per claim of the plugin
+  (prepare + unprepare, then the prepare burst alone), of the API server and of this process
+  (the kubelet's side) during the prepare burst — the last two share the 2 cores with the plugin
+  and are the measurement's own overhead; the new TLS connections the server accepted during the
+  prepare burst (resumed sessions in brackets);
+* one claim at a time for ``--singles`` cycles (≥ 2,000 for a long run), ours and the floor's:
+  prepare and unprepare latency percentiles, CPU per prepare + unprepare, the plugin's RSS;
+* the same over plain HTTP (one burst size and the single-claim run) for comparison
+  (``--plain-singles 0``: skipped);
+* a summary of the three figures issues 37 and 46 hold us to (single prepares p50 and p99, 32
+  claims at once, warm, over TLS) and CPU per prepare + unprepare: ours, the floor's, ours / the
+  floor; the claim GET alone through our client (``--floor-gets``); and upstream's Go helper as
+  issue 46 measured it on a real API server (for reference: not the same run).
 
 ``--tree`` runs the plugin from another source tree (e.g. an export of ``main``) with this
-benchmark's API server and client, for before/after tables. The benchmark client's own CPU is not
-counted, but it shares the machine's cores with the plugin and the API server.
+benchmark's API server and client, for before/after tables.
 
 Run: ``python benchmarks/prepare.py [--singles N] [--rounds N] [--tree DIR]``.
 """
@@ -45,6 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchkit
+import imagekit
 from benchkit import REPO, Api, Plugin, claim, pct
 
 GPUS = 256
@@ -59,15 +75,20 @@ class Burst:
     claims: int = 0
     connections: list[int] = field(default_factory=list)
     resumed: list[int] = field(default_factory=list)
+    prepare_cpu_s: float = 0.0  # the plugin's, during the prepare bursts only
+    api_cpu_s: float = 0.0  # the API server's, during the prepare bursts
+    client_cpu_s: float = 0.0  # this process's (the kubelet's side), during the prepare bursts
 
     def row(self) -> str:
-        cpu = self.cpu_s / max(1, self.claims) * 1000
+        per = 1000 / max(1, self.claims)
         conns = f"{statistics.median(self.connections):g}" if self.connections else "-"
         if self.resumed and max(self.resumed):
             conns += f" ({statistics.median(self.resumed):g})"
         return (
             f"{statistics.median(self.prepare_s) * 1000:10.1f} "
-            f"{statistics.median(self.unprepare_s) * 1000:10.1f} {cpu:9.2f} {conns:>11}"
+            f"{statistics.median(self.unprepare_s) * 1000:10.1f} {self.cpu_s * per:9.2f} "
+            f"{self.prepare_cpu_s * per:9.2f} {self.api_cpu_s * per:8.2f} "
+            f"{self.client_cpu_s * per:8.2f} {conns:>11}"
         )
 
 
@@ -75,7 +96,12 @@ def burst(plugin: Plugin, api: Api | None, objs: list[dict[str, Any]], into: Bur
     """Prepare ``objs`` at once (one call each), then unprepare them at once; add to ``into``."""
     before = api.stats() if api is not None and api.tls else None
     cpu = plugin.cpu_s()
+    api_cpu = api.cpu_s() if api is not None else 0.0
+    client_cpu = time.process_time()
     into.prepare_s.append(plugin.burst(objs))
+    into.client_cpu_s += time.process_time() - client_cpu
+    into.prepare_cpu_s += plugin.cpu_s() - cpu
+    into.api_cpu_s += (api.cpu_s() - api_cpu) if api is not None else 0.0
     if before is not None and api is not None:
         after = api.stats()
         into.connections.append(after["connections"] - before["connections"])
@@ -130,24 +156,58 @@ def claim_gets(kubeconfig: Path, objs: list[dict[str, Any]], count: int) -> list
 
 
 # Upstream's Go kubelet-plugin helper, side by side with us on a real v1.36.2 API server over
-# TLS (issue 37): prepare p50 and p99 (ms), 32 claims at once (s).
-GO_HELPER = (8.6, 39.1, 0.119)
+# TLS (issue 46, the same run as ours there): prepare p50 and p99 (ms), 32 claims at once (s).
+# For reference only: the figures that count are against the floor of the same run.
+GO_HELPER = (2.47, 40.0, 0.0385)
 
 
-def print_summary(run: Singles, warm32: Burst | None, floor: list[float]) -> None:
-    burst32 = f"{statistics.median(warm32.prepare_s):12.3f}" if warm32 else f"{'-':>12}"
-    print(f"{'summary, over TLS':40} {'p50 ms':>8} {'p99 ms':>8} {'32 at once s':>12}")
+@dataclass
+class Figures:
+    """The three figures of one plugin in this run, and its CPU per prepare + unprepare."""
+
+    singles: Singles
+    warm32: Burst | None
+
+    def values(self) -> tuple[float, float, float | None, float]:
+        p50, p99 = pct(self.singles.prepare_s, 50), pct(self.singles.prepare_s, 99)
+        b32 = statistics.median(self.warm32.prepare_s) if self.warm32 else None
+        cpu = self.singles.cpu_s / max(1, len(self.singles.prepare_s))
+        return p50 * 1000, p99 * 1000, b32, cpu * 1000
+
+
+def print_summary(ours: Figures, floor: Figures | None, gets: list[float]) -> None:
+    """The summary: ours, the same-run floor (``floorplugin.py``), ours against it."""
     print(
-        f"{'  this plugin: prepare':40} {pct(run.prepare_s, 50) * 1000:8.2f} "
-        f"{pct(run.prepare_s, 99) * 1000:8.2f} {burst32}"
+        f"{'summary, over TLS':44} {'p50 ms':>8} {'p99 ms':>8} {'32 at once s':>12} {'CPU ms':>7}"
     )
-    if floor:
+
+    def row(label: str, values: tuple[float, float, float | None, float]) -> None:
+        b32 = f"{values[2]:12.4f}" if values[2] is not None else f"{'-':>12}"
+        print(f"{label:44} {values[0]:8.2f} {values[1]:8.2f} {b32} {values[3]:7.2f}")
+
+    mine = ours.values()
+    row("  this plugin: prepare", mine)
+    if floor is not None:
+        base = floor.values()
+        row("  the floor: minimal prepare (floorplugin.py)", base)
+        ratio = tuple(
+            (a / b if a is not None and b else float("nan"))
+            for a, b in zip(mine, base, strict=True)
+        )
         print(
-            f"{'  the floor: the claim GET alone':40} {pct(floor, 50) * 1000:8.2f} "
-            f"{pct(floor, 99) * 1000:8.2f} {'-':>12}"
+            f"{'  this plugin / the floor':44} {ratio[0]:7.2f}x {ratio[1]:7.2f}x "
+            f"{ratio[2]:11.2f}x {ratio[3]:6.2f}x"
+        )
+    if gets:
+        print(
+            f"{'  the claim GET alone (our client)':44} {pct(gets, 50) * 1000:8.2f} "
+            f"{pct(gets, 99) * 1000:8.2f} {'-':>12} {'-':>7}"
         )
     go = GO_HELPER
-    print(f"{'  Go helper (real API server, issue 37)':40} {go[0]:8.1f} {go[1]:8.1f} {go[2]:12.3f}")
+    print(
+        f"{'  Go helper, real API server (issue 46)':44} {go[0]:8.2f} {go[1]:8.2f} "
+        f"{go[2]:12.4f} {'-':>7}"
+    )
 
 
 def print_singles(title: str, run: Singles) -> None:
@@ -187,6 +247,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cdi-on-disk", action="store_true", help="CDI specs on the temp dir's disk, not tmpfs"
     )
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="run the plugin as before issue 46: python -m dra_driver from the tree, this "
+        "interpreter, no image environment (default: as the image and the chart run it)",
+    )
+    parser.add_argument(
+        "--bytecode",
+        choices=("image", "pip"),
+        default="image",
+        help="the venv's byte-code: the image's (levels 0 and 2) or pip's alone (level 0)",
+    )
+    parser.add_argument(
+        "--synthetic-claims",
+        action="store_true",
+        help="the old small claim bodies instead of the real server's shape (real-wire/)",
+    )
+    parser.add_argument("--no-floor", action="store_true", help="skip the floor plugin's run")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     idle_sizes = sizes
@@ -199,9 +277,18 @@ def main(argv: list[str] | None = None) -> int:
     # default 30 s): a third of the cut-off. Older trees ignore the variable.
     env = {"API_KEEPALIVE": f"{args.idle_s / 3:g}"}
 
+    image = None if args.dev else imagekit.runtime_venv(args.tree, bytecode=args.bytecode)
+    template = None if args.synthetic_claims else benchkit.real_claim_template()
+    if template is not None:
+        objs = [benchkit.real_claim(template, f"c-{i}", f"gpu-{i}") for i in range(GPUS)]
+        bodies = "real-shaped (real-wire/: managedFields, finalizers, reservedFor)"
+    else:
+        objs = [claim(f"c-{i}", f"gpu-{i}") for i in range(GPUS)]
+        bodies = "SYNTHETIC (small, no managedFields)" + (
+            "" if args.synthetic_claims else ": ../shared/reference/real-wire is MISSING"
+        )
     base = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
     profile = benchkit.make_node(base, GPUS)
-    objs = [claim(f"c-{i}", f"gpu-{i}") for i in range(GPUS)]
     claims_file = base / "claims.json"
     claims_file.write_text(json.dumps(objs))
     cdi = benchkit.cdi_root(base, args.cdi_on_disk)
@@ -215,9 +302,17 @@ def main(argv: list[str] | None = None) -> int:
         plain = Api(base, claims_file, tls=False, delay_ms=args.api_delay_ms, name="plain")
         apis += [tls, tls_idle, plain]
 
-        def plugin(api: Api, label: str) -> Plugin:
+        def plugin(api: Api, label: str, floor: bool = False) -> Plugin:
             return Plugin(
-                base, api.kubeconfig, profile, cdi=cdi, tree=args.tree, env=env, label=label
+                base,
+                api.kubeconfig,
+                profile,
+                cdi=cdi,
+                tree=args.tree,
+                env=env,
+                label=label,
+                image=image,
+                floor=floor,
             )
 
         for _ in range(args.cold_rounds):  # a plugin just started: its first burst
@@ -234,27 +329,41 @@ def main(argv: list[str] | None = None) -> int:
                 for n in sizes:
                     burst(p, tls, objs[:n], bursts.setdefault((WARM, n), Burst()))
             long_tls = singles(p, objs, args.singles)
+            rss_agent = p.rss_mib()
         finally:
             p.stop()
+        floor_run: Figures | None = None
+        if not args.no_floor:  # the same bursts and singles, the minimal plugin
+            p = plugin(tls, "floor", floor=True)
+            try:
+                burst(p, tls, objs[:32], Burst())  # warm-up
+                for _ in range(args.rounds):
+                    for n in sizes:
+                        burst(p, tls, objs[:n], bursts.setdefault(("floor", n), Burst()))
+                floor_run = Figures(singles(p, objs, args.singles), bursts.get(("floor", 32)))
+            finally:
+                p.stop()
         floor = claim_gets(tls.kubeconfig, objs, args.floor_gets)
-        p = plugin(tls_idle, "idle")
-        try:
-            burst(p, tls_idle, objs[:32], Burst())  # warm-up
-            for _ in range(args.cold_rounds):
-                for n in idle_sizes:
-                    time.sleep(quiet_s)
-                    burst(p, tls_idle, objs[:n], bursts.setdefault((IDLE, n), Burst()))
-        finally:
-            p.stop()
-        p = plugin(plain, "plain")
-        try:
-            burst(p, None, objs[:32], Burst())  # warm-up
-            plain_burst = Burst()
-            for _ in range(args.rounds):
-                burst(p, None, objs[:32], plain_burst)
-            long_plain = singles(p, objs, args.plain_singles)
-        finally:
-            p.stop()
+        if args.cold_rounds > 0:
+            p = plugin(tls_idle, "idle")
+            try:
+                burst(p, tls_idle, objs[:32], Burst())  # warm-up
+                for _ in range(args.cold_rounds):
+                    for n in idle_sizes:
+                        time.sleep(quiet_s)
+                        burst(p, tls_idle, objs[:n], bursts.setdefault((IDLE, n), Burst()))
+            finally:
+                p.stop()
+        plain_burst, long_plain = Burst(), None
+        if args.plain_singles > 0:
+            p = plugin(plain, "plain")
+            try:
+                burst(p, None, objs[:32], Burst())  # warm-up
+                for _ in range(args.rounds):
+                    burst(p, None, objs[:32], plain_burst)
+                long_plain = singles(p, objs, args.plain_singles)
+            finally:
+                p.stop()
     finally:
         for api in apis:
             api.stop()
@@ -266,18 +375,30 @@ def main(argv: list[str] | None = None) -> int:
         f"kubelet plugin prepare benchmark, plugin from {tree}: {os.cpu_count()} CPUs, "
         f"CDI specs on {benchkit.fs_type(cdi)}, API delay {args.api_delay_ms:g} ms"
     )
+    if image is not None:
+        envs = " ".join(f"{k}={v}" for k, v in sorted(imagekit.image_env(args.tree).items()))
+        print(
+            f"run as the image runs it: {imagekit.agent_command(image)[0]} (non-editable "
+            f"runtime venv, byte-code: {args.bytecode}), log level "
+            f"{imagekit.chart_log_level(args.tree)}, {envs}"
+        )
+    else:
+        print("run as a checkout (--dev): python -m dra_driver, PYTHONPATH, this interpreter")
+    size = len(json.dumps(objs[0], separators=(",", ":")))
+    print(f"claim bodies: {bodies}, ~{size} bytes each; load average {os.getloadavg()[0]:.1f}")
     print(
         f"API over TLS 1.3 + client certificate (RSA 2048); server closes idle connections "
         f"after {args.idle_s:g} s, idle bursts after {quiet_s:g} s of quiet"
     )
     print(
         f"{'claims at once (1 per call)':30} {'prepare':>10} {'unprepare':>10} {'CPU/claim':>9} "
-        f"{'new conns':>11}"
+        f"{'prep. CPU':>9} {'API CPU':>8} {'kubelet':>8} {'new conns':>11}"
     )
     print(
-        f"{'  median of rounds, ms':30} {'wall ms':>10} {'wall ms':>10} {'ms':>9} {'(resumed)':>11}"
+        f"{'  median of rounds, ms':30} {'wall ms':>10} {'wall ms':>10} {'ms':>9} {'ms':>9} "
+        f"{'ms':>8} {'CPU ms':>8} {'(resumed)':>11}"
     )
-    for state in (COLD, WARM, IDLE):
+    for state in (COLD, WARM, IDLE, "floor"):
         for n in sizes:
             if (state, n) in bursts:
                 print(f"{f'  {n:>3} claims, {state}':30} " + bursts[(state, n)].row())
@@ -287,12 +408,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  32 at once after idle / warm: {ratio:.2f}x")
     print()
     print_singles("one claim at a time (TLS)", long_tls)
+    print(f"  plugin RSS at the end of the warm run: {rss_agent:.1f} MiB")
+    if floor_run is not None:
+        print_singles("the floor, one claim at a time (TLS)", floor_run.singles)
+    if long_plain is not None:
+        print()
+        print(f"plain HTTP (no TLS), for comparison, {args.rounds} rounds")
+        print(f"{f'  {32:>3} claims, {WARM}':30} " + plain_burst.row())
+        print_singles("one claim at a time (HTTP)", long_plain)
     print()
-    print(f"plain HTTP (no TLS), for comparison, {args.rounds} rounds")
-    print(f"{f'  {32:>3} claims, {WARM}':30} " + plain_burst.row())
-    print_singles("one claim at a time (HTTP)", long_plain)
-    print()
-    print_summary(long_tls, bursts.get((WARM, 32)), floor)
+    print_summary(Figures(long_tls, bursts.get((WARM, 32))), floor_run, floor)
     return 0
 
 

@@ -13,7 +13,9 @@ import argparse
 import threading
 from pathlib import Path
 
-from dra_driver import app, cli, health_server, logs, metrics, shutdown
+import structlog
+
+from dra_driver import app, bytecode, cli, health_server, logs, metrics, shutdown
 from dra_driver.cli import cdflags, common, healthflags, labelflags, mpsflags
 from dra_driver.devices import backend
 from dra_driver.driver import checkpoint
@@ -275,6 +277,7 @@ def run(args: argparse.Namespace) -> int:
     except health_server.HealthServerError as exc:
         api.close()
         return common.fail(str(exc), code=1)
+    warn_missing_bytecode(log)
     stop = threading.Event()
     stopper = shutdown.Stopper(log=log, deadline_s=args.shutdown_timeout)
     app.install_signal_handlers(stop, on_signal=stopper.arm)
@@ -295,3 +298,18 @@ def run(args: argparse.Namespace) -> int:
         return common.fail(str(exc), code=1)
     finally:
         stopper.run([("http", http.stop), ("api-client", api.close)])
+
+
+def warn_missing_bytecode(log: structlog.typing.FilteringBoundLogger) -> None:
+    """Say at start when this agent compiled its modules from source because no byte-code of
+    its optimization level exists and none may be written (:mod:`dra_driver.bytecode`)."""
+    report = bytecode.check()
+    if report is not None and report.missing:
+        log.warning(
+            "no byte-code at this optimization level: modules compiled from source",
+            optimize=report.level,
+            missing=len(report.missing),
+            checked=report.checked,
+            examples=list(report.missing[:5]),
+            advice=bytecode.advice(report),
+        )

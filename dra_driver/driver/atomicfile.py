@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import os
 import secrets
@@ -176,8 +177,13 @@ def _write_named(
     target: str, head: str, name: str, data: bytes, *, durable: bool, mode: int
 ) -> None:
     """The portable way: a named temporary file, renamed over ``target``."""
-    tmp = _tmp_name(head, name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    while True:
+        tmp = _tmp_name(head, name)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+            break
+        except FileExistsError:  # another process's name (its token and counter): next one
+            continue
     try:
         try:
             _write_all(fd, data)
@@ -191,8 +197,37 @@ def _write_named(
         raise
 
 
+# Temporary names: this process's random token and a counter. Unique within the process by the
+# counter and, with O_EXCL and a retry, across processes (another instance's container may have
+# the same PID); no random bytes to draw per file (a getrandom(2) per write, issue 46's profile).
+_TOKEN = secrets.token_hex(4)
+_serial = itertools.count()
+
+
 def _tmp_name(head: str, name: str) -> str:
-    return os.path.join(head, f"{TMP_PREFIX}{name}.{secrets.token_hex(4)}")
+    return os.path.join(head, f"{TMP_PREFIX}{name}.{_TOKEN}{next(_serial):x}")
+
+
+def write_new(path: Path | str, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` as ``path``, created under its own name when it does not exist yet (one
+    directory operation instead of a temporary's create and rename), else replaced atomically
+    as :func:`write_bytes` does, never durably. Only for files nothing reads before the writer
+    says they are complete, and whose torn content after a crash is found and rewritten (the
+    claim metadata files: start-up restores them from the record)."""
+    target = os.fspath(path)
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    except FileExistsError:
+        head, name = os.path.split(target)
+        _write_named(target, head, name, data, durable=False, mode=mode)
+        return
+    try:
+        _write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(target)
+        raise
+    os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -15,10 +15,10 @@ Two kinds of file per claim, side by side in one flat directory on the host,
   only, as the Go kubelet-plugin framework does it. Needs nothing from the kubelet.
 
 The content is a pure function of the checkpoint record and the discovered device model, so
-recovery rebuilds it from the record: files are written (atomically, dot-named temporary +
-rename, never fsynced: a record of an earlier boot is dropped with them, and a completed record
-of this boot gets them rewritten at start-up) before the spec, removed with it, restored like
-it, and a file without a record is removed at start-up.
+recovery rebuilds it from the record: files are written (a new one under its own name, one that
+exists replaced atomically; never fsynced: a record of an earlier boot is dropped with them, and
+a completed record of this boot gets them rewritten at start-up) before the spec, removed with
+it, restored like it, and a file without a record is removed at start-up.
 
 Flat on purpose (issue 37): no directory per claim, so a prepare makes no directory and an
 unprepare removes exactly the files the record names, one ``unlink`` each, instead of a tree walk
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import os
 import re
 import shutil
@@ -163,6 +164,25 @@ class ClaimMetadata:
             }
         return out
 
+    def paths(self, record: checkpoint.ClaimRecord) -> list[str]:
+        """The host paths of :meth:`files` alone, without building their content (unprepare
+        removes them: issue 46's profile had half of ``files``' cost there)."""
+        legacy = self._legacy(record)
+        root = self.legacy_dir(record.uid)
+        out = [os.fspath(root / LEGACY_CLAIM_FILE) if legacy else self.claim_file(record.uid)]
+        requests: dict[str, None] = {}
+        for dev in record.devices:
+            for request in dev.requestNames[:1]:
+                if _NAME.match(request):
+                    requests[request] = None
+        for request in requests:
+            out.append(
+                os.fspath(root / "requests" / request / "metadata.json")
+                if legacy
+                else self.request_file(record.uid, request)
+            )
+        return out
+
     def _device(self, dev: checkpoint.DeviceRecord) -> dict[str, Any]:
         known = self.devices.get(dev.deviceName)
         out: dict[str, Any] = {"name": dev.deviceName, "requests": list(dev.requestNames)}
@@ -255,16 +275,23 @@ class ClaimMetadata:
     # ---- files -------------------------------------------------------------------------------
 
     def write(self, record: checkpoint.ClaimRecord) -> None:
-        """Write every file of ``record``'s claim (atomically each; not durable, see the module
-        docstring). The directory is made only when it is missing (the first claim)."""
+        """Write every file of ``record``'s claim (not durable, see the module docstring). The
+        directory is made only when it is missing (the first claim).
+
+        A file that is not there yet is written under its own name (no temporary and rename:
+        issue 46's profile): nothing reads it before the prepare returns (the spec that mounts
+        it is written after it), and a crash mid-write leaves a claim whose files start-up
+        restores from its record or rolls back. One that is there is replaced atomically (a
+        container may have it mounted)."""
         ref = _ref(record)
         for path, content in self.files(record).items():
+            data = (json.dumps(content, separators=(",", ":")) + "\n").encode()
             try:
                 try:
-                    atomicfile.write_json(path, content, durable=False)
+                    atomicfile.write_new(path, data)
                 except FileNotFoundError:  # the directory (or a legacy claim's) is missing
                     os.makedirs(os.path.dirname(path), exist_ok=True)
-                    atomicfile.write_json(path, content, durable=False)
+                    atomicfile.write_new(path, data)
             except OSError as exc:
                 raise _problem(ref, "write", path, exc) from None
 
@@ -273,7 +300,7 @@ class ClaimMetadata:
         names (one ``unlink`` each); without, whatever carries its UID. False when there was
         none."""
         if record is not None and record.uid == ref.uid:
-            paths = list(self.files(record))
+            paths = self.paths(record)
         else:
             paths = self._files_of(ref.uid)
         found = False

@@ -1,9 +1,10 @@
 """Crash at *every* point: the deterministic complement of the random SIGKILL test.
 
 A forked child runs prepare/unprepare and dies (``os._exit``) right before its N-th durable file
-operation (fsync, link, pwrite, rename, replace or unlink); the parent then restarts the driver from
-disk and checks the invariants. N runs from 0 until the child gets through without dying, so every
-window between two disk effects is hit once.
+operation (fsync, link, pwrite, rename, replace, unlink, or write: a new claim metadata file is
+written under its own name, so a crash may leave it empty or torn); the parent then restarts the
+driver from disk and checks the invariants. N runs from 0 until the child gets through without
+dying, so every window between two disk effects is hit once.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def _run_child(node: Node, crash_at: int, work: Callable[[], None]) -> int:
         count = [0]
         real = {
             name: getattr(os, name)
-            for name in ("fsync", "link", "pwrite", "rename", "replace", "unlink")
+            for name in ("fsync", "link", "pwrite", "rename", "replace", "unlink", "write")
         }
 
         def counting(name: str) -> Callable[..., Any]:
@@ -103,10 +104,11 @@ def test_a_crash_between_any_two_disk_effects_recovers(node: Node, scenario: str
         crash_at += 1
     assert code == 0
     # Every window was hit: per claim, prepare = pwrite + rename (Started record, written into a
-    # spare or new file and renamed into place), 2 renames (metadata files), rename (spec),
-    # pwrite + fsync + directory fsync (Completed: the state flipped in place); unprepare =
-    # unlink (spec) + 2 unlinks (metadata files) + rename (the record becomes a spare).
-    assert crash_at == (16 if scenario == "prepare" else 8)
+    # spare or new file and renamed into place), 2 writes (metadata files, new under their own
+    # names), write + rename (spec), pwrite + fsync + directory fsync (Completed: the state
+    # flipped in place); unprepare = unlink (spec) + 2 unlinks (metadata files) + rename (the
+    # record becomes a spare).
+    assert crash_at == (18 if scenario == "prepare" else 8)
     node.restart()
     _check_consistent(node)
     assert len(node.spec_files()) == (2 if scenario == "prepare" else 0)

@@ -53,12 +53,13 @@ PREPARE_BUDGET = {
     # (its name was linked without a sync when the record was started). Nothing else is synced:
     # the metadata files and the spec are rebuilt from the record at start-up.
     "fsync": 2,
-    # PrepareStarted record (a recycled file renamed to <uid>.json), the two metadata files
-    # (<uid>.claim.json, <uid>.gpu.metadata.json) and the CDI spec: each written under a
-    # temporary name and renamed, so no reader (a runtime, a restart) sees a torn file.
-    "rename": 4,
-    # New inodes: the temporaries of the two metadata files and of the spec. The record's file
-    # is recycled (checkpoint spares); metadata files are not (a container may hold one).
+    # PrepareStarted record (a recycled file renamed to <uid>.json) and the CDI spec: each
+    # written under a temporary name and renamed, so no reader (a runtime, a restart) sees a
+    # torn file. The two metadata files (<uid>.claim.json, <uid>.gpu.metadata.json) are new
+    # and read by nothing before the prepare returns: written under their own names (issue 46).
+    "rename": 2,
+    # New inodes: the two metadata files and the spec's temporary. The record's file is
+    # recycled (checkpoint spares); metadata files are not (a container may hold one).
     "create": 3,
     # Started record (1), its commit in place (1), metadata (2), spec (1).
     "write": 5,

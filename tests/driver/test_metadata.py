@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -204,14 +205,14 @@ def test_restored_on_recovery_and_orphans_removed(node: Node) -> None:
 def test_metadata_write_failure_fails_the_claim_and_leaves_nothing(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = atomicfile.write_json
+    real = atomicfile.write_new
 
-    def full(path: Any, obj: Any, **kwargs: Any) -> None:
+    def full(path: Any, data: bytes, **kwargs: Any) -> None:
         if str(path).endswith(".metadata.json"):  # the second file: claim.json is written
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(path, obj, **kwargs)
+        real(path, data, **kwargs)
 
-    monkeypatch.setattr(devicemeta.atomicfile, "write_json", full)
+    monkeypatch.setattr(devicemeta.atomicfile, "write_new", full)
     ref = node.add(claim_obj(name="full", uid=new_uid(), devices=["gpu-0"]))
     error = node.driver.prepare([ref])[ref.uid].error
     assert "cannot write metadata file" in error and "(ENOSPC)" in error
@@ -246,3 +247,16 @@ def test_a_claim_an_earlier_version_prepared_keeps_its_directory_until_unprepare
     ref = node.driver.state.prepared_claims()[0]
     assert node.driver.unprepare([ref]) == {uid: ""}
     assert list(meta_root(node).iterdir()) == []
+
+
+def test_the_paths_unprepare_removes_are_the_files_prepare_wrote(node: Node) -> None:
+    """``paths`` (unprepare's list, built without the content) names exactly the keys of
+    ``files`` (prepare's) and the files on disk (the legacy layout: the test after this)."""
+    meta = node.driver.state.metadata
+    two = prepare(node, claim_obj(name="two", uid=new_uid(), devices=["gpu-0", "gpu-1"]))
+    record = node.driver.state.store.get(two)
+    assert record is not None
+    assert meta.paths(record) == list(meta.files(record))
+    assert sorted(os.path.basename(p) for p in meta.paths(record)) == sorted(
+        p.name for p in meta_root(node).iterdir() if p.name.startswith(two)
+    )

@@ -6,14 +6,22 @@ and prepares and unprepares a claim through the kubelet's gRPC; then it is asked
 handler the test wraps around ``python -m dra_driver``, which modules it holds. The ComputeDomain
 driver, the MPS machinery, pydantic (opaque configs only) and the ``kubernetes`` library must
 not be among them; a claim with an opaque config then does load the config models (and still
-no MPS), which shows the probe sees lazy loading at all. It runs plain and as the chart runs the
-agents, with ``PYTHONOPTIMIZE=2`` (no docstrings, no asserts): the whole path must work there too.
+no MPS), which shows the probe sees lazy loading at all. It runs plain and as the chart and the
+image run the agents: the chart's ``PYTHONOPTIMIZE`` (no docstrings, no asserts: the whole path
+must work there too), the image's ``PYTHONDONTWRITEBYTECODE`` and ``MALLOC_ARENA_MAX``, and
+byte-code compiled at the chart's level as the image's build compiles it — where it is missing,
+every import compiles from source and the agent keeps ~9 MiB more (issue 46), so the agent must
+then have found the byte-code of every module it loaded (``dra_driver.bytecode``).
 """
 
 from __future__ import annotations
 
+import compileall
 import json
+import re
 import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,7 +37,11 @@ from dra_driver.testing.kubeletsim import KubeletSim, PluginProcess
 WRAPPER = """
 import json, runpy, signal, sys
 out = sys.argv.pop(1)
-dump = lambda: {"modules": sorted(sys.modules), "optimize": sys.flags.optimize}
+from dra_driver import bytecode
+def dump():
+    report = bytecode.check()
+    missing = list(report.missing) if report else []
+    return {"modules": sorted(sys.modules), "optimize": sys.flags.optimize, "missing": missing}
 signal.signal(signal.SIGUSR1, lambda *_: open(out, "w").write(json.dumps(dump())))
 sys.argv[0] = "dra_driver"
 runpy.run_module("dra_driver", run_name="__main__", alter_sys=True)
@@ -52,12 +64,50 @@ NOT_LOADED = (
 )
 
 
-@pytest.mark.parametrize("optimize", [0, 2])
+REPO = Path(__file__).resolve().parents[2]
+
+
+def chart_optimize() -> int:
+    """The chart's ``python.optimize`` (its agents' ``PYTHONOPTIMIZE``)."""
+    values = (REPO / "deployments/helm/dra-driver/values.yaml").read_text()
+    found = re.search(r"^python:\n(?:[ \t]+#.*\n)*[ \t]+optimize:[ \t]*(\d+)", values, re.M)
+    assert found
+    return int(found.group(1))
+
+
+def compile_like_the_image(level: int) -> None:
+    """Byte-code at levels 0 and ``level`` for every package the agent imports, as the image's
+    ``compileall`` has it (the standard library's too, where it may be written)."""
+    probe = (
+        "import json, sys, dra_driver.app, dra_driver.cli, dra_driver.cli.kubelet_plugin\n"
+        "import dra_driver.kubelet.server, dra_driver.testing.fakeapi.fakeserver\n"
+        "print(json.dumps(sorted({m.__spec__.origin for m in list(sys.modules.values())\n"
+        "    if getattr(m, '__spec__', None) and (m.__spec__.origin or '').endswith('.py')})))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    roots: set[Path] = set()
+    for origin in json.loads(out.stdout):
+        top = Path(origin)
+        while (top.parent / "__init__.py").exists():
+            top = top.parent
+        roots.add(top)
+    for root in sorted(roots):
+        if root.is_dir():
+            compileall.compile_dir(root, quiet=2, optimize=[0, level])
+        else:
+            compileall.compile_file(root, quiet=2, optimize=[0, level])
+
+
+@pytest.mark.parametrize("optimize", [0, chart_optimize()])
 def test_an_agent_that_served_a_plain_claim_holds_none_of_what_it_did_not_use(
     short_dir: Path, apiserver: fakeserver.FakeApiServer, optimize: int
 ) -> None:
+    if optimize:
+        compile_like_the_image(optimize)
     agent, kubelet = start_agent(short_dir, apiserver, optimize=optimize)
     try:
+        if optimize:  # as the chart runs it, on the image's byte-code: none compiled from source
+            assert dump_of(agent, optimize=optimize)["missing"] == []
         plain = put_claim(apiserver, "plain", "gpu-0", config=None)
         assert kubelet.prepare([plain]).claims[plain.uid].error == ""
         assert kubelet.unprepare([plain]).claims[plain.uid].error == ""
@@ -89,7 +139,14 @@ def start_agent(
         base=base,
         kubeconfig=apiserver.write_kubeconfig(base / "kubeconfig"),
         publish=True,
-        env={"PYTHONOPTIMIZE": str(optimize)} if optimize else None,
+        # The chart's level with the image's environment (Dockerfile ENV).
+        env={
+            "PYTHONOPTIMIZE": str(optimize),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "MALLOC_ARENA_MAX": "2",
+        }
+        if optimize
+        else None,
     )
     assert agent.argv[1:3] == ["-m", "dra_driver"]
     agent.argv[1:3] = ["-c", WRAPPER, str(base / "modules.json")]
@@ -106,14 +163,19 @@ def start_agent(
 def modules_of(agent: PluginProcess, *, optimize: int) -> set[str]:
     """The agent's ``sys.modules`` now (its SIGUSR1 handler writes them), checking that it runs
     at the ``optimize`` level asked for."""
+    return set(dump_of(agent, optimize=optimize)["modules"])
+
+
+def dump_of(agent: PluginProcess, *, optimize: int) -> dict[str, Any]:
+    """What the agent's SIGUSR1 handler wrote: its modules, level and missing byte-code."""
     out = Path(agent.argv[3])
     out.unlink(missing_ok=True)
     agent.signal(signal.SIGUSR1)
     polling.wait_for(out.exists, what="the agent's module list", timeout_s=20)
     polling.wait_for(lambda: out.read_text().endswith("}"), what="the whole list", timeout_s=5)
-    dumped = json.loads(out.read_text())
+    dumped: dict[str, Any] = json.loads(out.read_text())
     assert dumped["optimize"] == optimize
-    return set(dumped["modules"])
+    return dumped
 
 
 def put_claim(
