@@ -6,6 +6,7 @@ and exits 0 exactly as written (a bare ``dra-driver claim --gpus 4`` was exit 12
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -68,6 +69,9 @@ def problem(words: list[str], targets: set[str]) -> str | None:
             return f"{head}: no such console script in the venv"
         if name == "dra-driver" and words[1] not in cli.SUMMARIES:
             return f"dra-driver has no subcommand {words[1]!r}"
+        if name == "python" and words[1] == "-m":
+            found = importlib.util.find_spec(words[2]) is not None
+            return None if found else f"{words[2]}: no such module"
         if name == "python" and not (REPO / words[1]).is_file():
             return f"{words[1]}: no such script"
         return None
@@ -88,12 +92,16 @@ def test_every_readme_command_names_an_entry_point_that_exists() -> None:
 
 
 def test_the_check_catches_a_bare_dra_driver_and_an_unknown_target() -> None:
-    text = "```sh\ndra-driver claim --gpus 4  # x\nmake nope\n.venv/bin/dra-driver nope\n```\n"
+    text = (
+        "```sh\ndra-driver claim --gpus 4  # x\nmake nope\n.venv/bin/dra-driver nope\n"
+        ".venv/bin/python -m dra_driver.nope\n```\n"
+    )
     targets = make_targets()
     assert [problem(w, targets) for w in commands(text)] == [
         "'dra-driver' is not on the PATH of a clone (write .venv/bin/dra-driver?)",
         "no make target ['nope']",
         "dra-driver has no subcommand 'nope'",
+        "dra_driver.nope: no such module",
     ]
 
 

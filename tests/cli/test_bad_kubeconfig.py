@@ -27,7 +27,9 @@ def test_a_malformed_kubeconfig_is_one_line_and_exit_2(
 ) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("this: is: not: [valid\n")
-    proc = run_cli(command, *SUBCOMMANDS[command], "--kubeconfig", str(kubeconfig))
+    # The device plugin first needs the kubelet's plugin directory (it creates none on the host).
+    where = ["--device-plugin-dir", str(tmp_path)] if command == "device-plugin" else []
+    proc = run_cli(command, *SUBCOMMANDS[command], *where, "--kubeconfig", str(kubeconfig))
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()

@@ -77,7 +77,7 @@ def test_demo_default_profile_runs_green() -> None:
         assert f"[ok] {name}: allocated {device}" in out
     assert "[('1g.10gb', 0, 1), ('2g.20gb', 2, 2), ('3g.40gb', 4, 4)]" in out
     assert (
-        "gpu-0-mig-4g-40gb-0: gpu-0: 1 of 8 compute slices left, 4g.40gb needs 4 at placement 0, "
+        "gpu-0-mig-4g-40gb-0: gpu-0: 1 of 7 compute slices left, 4g.40gb needs 4 at placement 0, "
         "overlaps 1g.10gb at 0, 2g.20gb at 2" in out
     )
     assert "[ok] all three unprepared; instances left on gpu-0: []" in out
