@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from dra_driver import inputfile
+
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 # The API versions whose claims, classes and slices we read: v1beta2 has v1's fields exactly
 # (v1 was promoted from it unchanged); v1beta1 and v1alpha3 have another request layout.
@@ -62,9 +64,9 @@ def parse_documents(text: str, *, source: str) -> list[dict[str, Any]]:
 def load_file(path: Path) -> list[dict[str, Any]]:
     """Read and parse a YAML/JSON file of Kubernetes objects."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise SimulateError(f"cannot read {path}: {err.strerror}") from err
+        text = inputfile.read_text(path)
+    except inputfile.InputFileError as err:
+        raise SimulateError(str(err)) from None
     return parse_documents(text, source=str(path))
 
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from dra_driver import cli
+from dra_driver import cli, inputfile
 from dra_driver.allocation import documents, fleetnodes, setfit
 from dra_driver.cli import common
 from dra_driver.slices import build as slices_build
@@ -35,7 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--slices",
         metavar="SLICES.yaml",
-        type=Path,
+        type=inputfile.path,
         action="append",
         help="ResourceSlices from a file instead of the cluster (repeatable; YAML or JSON, "
         "e.g. kubectl get resourceslices -o json)",
@@ -43,7 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--allocated",
         metavar="ALLOCATED.yaml",
-        type=Path,
+        type=inputfile.path,
         action="append",
         default=[],
         help="with --slices: ResourceClaims (with status.allocation) or allocation results "

@@ -19,9 +19,8 @@ import argparse
 import os
 import socket
 import sys
-from pathlib import Path
 
-from dra_driver import cli
+from dra_driver import cli, inputfile
 from dra_driver.allocation import allocatedcheck, capacity, simulator
 from dra_driver.cli import common
 from dra_driver.devices import backend, model
@@ -38,7 +37,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "claim",
         metavar="CLAIM.yaml",
-        type=Path,
+        type=inputfile.path,
         help="ResourceClaim or ResourceClaimTemplate (a Pod and DeviceClasses "
         "in the same file are fine; several claims are allocated in order)",
     )
@@ -46,7 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--class",
         dest="classes",
         metavar="CLASS.yaml",
-        type=Path,
+        type=inputfile.path,
         action="append",
         default=[],
         help="DeviceClass file (repeatable); the built-in classes are known",
@@ -60,20 +59,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     source.add_argument(
         "--fake-file",
         metavar="FILE",
-        type=Path,
+        type=inputfile.path,
         help="devices of a fake profile file (docs/profiles.md)",
     )
     source.add_argument(
         "--slices",
         metavar="SLICES.yaml",
-        type=Path,
+        type=inputfile.path,
         action="append",
         help="ResourceSlices to allocate from (repeatable)",
     )
     parser.add_argument(
         "--allocated",
         metavar="ALLOCATED.yaml",
-        type=Path,
+        type=inputfile.path,
         action="append",
         default=[],
         help="devices in use (repeatable): " + allocatedcheck.FORMAT + "; an entry that "

@@ -299,10 +299,12 @@ def load_builtin(name: str) -> Profile:
 
 def load_file(path: Path) -> Profile:
     """Load a user's profile file."""
+    from dra_driver import inputfile
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ProfileError(f"cannot read profile file {path}: {exc.strerror}") from exc
+        text = inputfile.read_text(path)
+    except inputfile.InputFileError as exc:
+        raise ProfileError(str(exc)) from None
     return parse(text, source=str(path))
 
 
@@ -311,7 +313,8 @@ def parse(text: str, *, source: str) -> Profile:
     import yaml  # only for a user's profile file: the built-in ones are read from JSON
 
     try:
-        data = yaml.safe_load(text)
+        # libyaml's loader where PyYAML has it: a huge file is refused in a fraction of the time.
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         raise ProfileError(f"{source}: not valid YAML: {exc}") from exc
     return _decode(data, source=source)
