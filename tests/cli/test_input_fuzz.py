@@ -2,12 +2,12 @@
 
 The readers are found in the argparse tree, not listed here: every argument declared with
 ``type=inputfile.path`` (dra_driver/inputfile.py) is fuzzed with random bytes, a NUL, invalid
-UTF-8, one 10 MB line, a 50 MB file, a directory, a FIFO no one writes and a missing file; the
-answer must be exit 2 and exactly one line on stderr naming the file. Any other ``Path`` argument
-must be one of :data:`NOT_READ` (directories, sockets' folders, kubeconfigs read by the client):
-a new ``type=Path`` flag fails :func:`test_every_path_argument_is_classified` until it is either
-a reader (and fuzzed) or listed there. In this process (the readers fail before any side
-effect); a sample runs as real processes.
+UTF-8, one 10 MB line, nesting 100,000 deep, a 50 MB file, a directory, a FIFO no one writes
+and a missing file; the answer must be exit 2 and exactly one line on stderr naming the file.
+Any other ``Path`` argument must be one of :data:`NOT_READ` (directories, kubeconfigs read by
+the client): a new ``type=Path`` flag fails :func:`test_every_path_argument_is_classified`
+until it is either a reader (and fuzzed) or listed there. In this process (the readers fail
+before any side effect); a sample runs as real processes.
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ def bad_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "nul": b"apiVersion: v1\x00kind: ResourceClaim\n",
         "invalid-utf8": b"kind: ResourceClaim\nmetadata: {name: \xc3\x28}\n",
         "10MB-line": b"x" * 10_000_000,
+        "deep": b"[" * 100_000 + b"]" * 100_000,
         # Random bytes without a NUL, so that the decoder, not the NUL check, refuses it.
         "50MB": rng.randbytes(50 * 2**20).replace(b"\x00", b"\x01"),
     }

@@ -312,11 +312,17 @@ def parse(text: str, *, source: str) -> Profile:
     """Parse and validate profile YAML; errors name the source and the field path."""
     import yaml  # only for a user's profile file: the built-in ones are read from JSON
 
+    from dra_driver import yamlload
+
     try:
-        # libyaml's loader where PyYAML has it: a huge file is refused in a fraction of the time.
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        docs = yamlload.load_all(text)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{source}: not valid YAML: {exc}") from exc
+    except RecursionError:
+        raise ProfileError(f"{source}: nested too deeply to be a profile") from None
+    if len(docs) > 1:
+        raise ProfileError(f"{source}: a profile file holds one YAML document, not {len(docs)}")
+    data = docs[0] if docs else None
     return _decode(data, source=source)
 
 
