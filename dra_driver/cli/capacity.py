@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dra_driver import cli, inputfile
-from dra_driver.allocation import documents, fleetnodes, setfit
+from dra_driver.allocation import allocatedcheck, documents, fleetnodes, setfit
 from dra_driver.cli import common
 from dra_driver.slices import build as slices_build
 
@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         sizes = setfit.parse_sizes(args.sizes)
         slices, allocated = _from_files(args) if args.slices else _from_cluster(args)
         nodes = fleetnodes.read(slices, allocated, driver_name=args.driver_name)
+        if getattr(args, "no_results", None):
+            raise documents.SimulateError(args.no_results[0])
     except (
         setfit.SizeError,
         fleetnodes.InputError,
@@ -94,8 +96,14 @@ def _from_files(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
             raise documents.SimulateError(f"{path}: no ResourceSlice in it")
         slices += kinds["slices"]
     allocated: list[Any] = []
+    args.no_results = []
     for path in args.allocated:
-        allocated += documents.load_file(path)
+        docs = documents.load_file(path)
+        try:  # simulate --allocated's rule: a file with no allocation result is a mistake
+            allocatedcheck.entries(docs, source=str(path))
+        except allocatedcheck.AllocatedError as err:
+            args.no_results.append(str(err))  # said after a malformed result, more precise
+        allocated += docs
     return slices, allocated
 
 

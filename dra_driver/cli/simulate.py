@@ -16,9 +16,11 @@ claims: their GPUs carry no set ranks (exported slices show whatever ranks were 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import socket
 import sys
+from typing import Any
 
 from dra_driver import cli, inputfile
 from dra_driver.allocation import allocatedcheck, capacity, simulator
@@ -129,6 +131,7 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
     classes = simulator.merge_classes(
         simulator.builtin_classes(driver_name=args.driver_name), user_classes
     )
+    unknown_class(main["claims"], classes)
     allocated: set[tuple[str, str, str]] = set()
     consumed = capacity.Ledger()
     entries: dict[str, list[tuple[str, str, str]]] = {}
@@ -188,6 +191,35 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
         node_devices=node_devices,
         consumed=consumed,
     )
+
+
+def unknown_class(claims: list[dict[str, Any]], classes: list[dict[str, Any]]) -> None:
+    """A request naming a DeviceClass that neither the built-in classes nor ``--class`` define
+    is a typo far more often than a class the cluster has: an input error naming the closest
+    known class, not "does not fit" (kube-scheduler would wait for the class forever)."""
+    known = [str((c.get("metadata") or {}).get("name")) for c in classes]
+    for claim in claims:
+        spec = claim.get("spec") or {}
+        if claim.get("kind") == "ResourceClaimTemplate":
+            spec = spec.get("spec") or {}
+        requests = (spec.get("devices") or {}).get("requests") or []
+        for request in requests if isinstance(requests, list) else []:
+            if not isinstance(request, dict):
+                continue
+            exactly = request.get("exactly") or {}
+            subs = request.get("firstAvailable") or []
+            for sub in [exactly, *(subs if isinstance(subs, list) else [])]:
+                name = sub.get("deviceClassName") if isinstance(sub, dict) else None
+                if not isinstance(name, str) or not name or name in known:
+                    continue
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {close[0]}? " if close else ""
+                claim_name = (claim.get("metadata") or {}).get("name") or "?"
+                raise simulator.SimulateError(
+                    f"{claim.get('kind')} {claim_name} request {request.get('name')}: unknown "
+                    f"DeviceClass {name!r} ({hint}known: {', '.join(sorted(known))}; "
+                    "give another class's file with --class)"
+                )
 
 
 def run(args: argparse.Namespace) -> int:
