@@ -34,6 +34,7 @@ SUMMARIES = {
     "doctor": "check what the API server serves and keeps of our slices, and our RBAC",
     "controller": "run the ComputeDomain controller (multi-node NVLink, IMEX)",
     "imex-daemon": "run NVIDIA's IMEX daemon in a ComputeDomain daemon pod, report readiness",
+    "completion": "print a bash or zsh completion script (docs/completion.md)",
 }
 
 Handler = Callable[[argparse.Namespace], int]

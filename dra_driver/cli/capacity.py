@@ -12,13 +12,12 @@ Bad input is one error line, exit 2. Definitions: docs/capacity.md.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from dra_driver import cli, inputfile
 from dra_driver.allocation import allocatedcheck, documents, fleetnodes, setfit
-from dra_driver.cli import common
+from dra_driver.cli import common, output
 from dra_driver.slices import build as slices_build
 
 SHOWN_NODES = 12  # nodes named per line in the text output (-o json names all)
@@ -56,7 +55,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="claim sizes in GPUs to answer for besides 1, 2, 4 and 8 (repeatable)",
     )
     parser.add_argument("--by-node", action="store_true", help="also answer per node")
-    parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    output.add_flag(parser, aliases=("text",))
     parser.add_argument(
         "--driver-name",
         default=slices_build.DEFAULT_DRIVER_NAME,
@@ -81,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
         return common.fail("; ".join(ln.strip() for ln in str(err).splitlines() if ln.strip()))
     result = setfit.fleet(nodes, sizes)
     answer = setfit.report(result, by_node=args.by_node)
-    if args.output == "json":
-        print(json.dumps(answer, indent=2))
+    if output.fmt(args) != output.TABLE:
+        output.emit(answer, output.fmt(args))
     else:
         print(render(answer), end="")
     return 0

@@ -24,7 +24,7 @@ from typing import Any
 
 from dra_driver import cli, inputfile
 from dra_driver.allocation import allocatedcheck, capacity, simulator
-from dra_driver.cli import common
+from dra_driver.cli import common, output
 from dra_driver.devices import backend, model
 from dra_driver.devices.fake import profiles
 from dra_driver.slices import build as slices_build
@@ -105,6 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="node to allocate on (env NODE_NAME; default: the slices' node, "
         "'fake-node' with a profile, else this host's name)",
     )
+    output.add_flag(parser)
     parser.set_defaults(handler=run)
 
 
@@ -231,12 +232,37 @@ def run(args: argparse.Namespace) -> int:
             results = [(o, None) for o in simulator.run(inputs)]
     except simulator.SimulateError as err:
         return common.fail(one_line(str(err)))
+    if output.fmt(args) != output.TABLE:
+        output.emit(document(inputs.node_name, [o for o, _ in results]), output.fmt(args))
+        return 0 if all(o.allocated for o, _ in results) else 1
     names = simulator.gpu_names(inputs)
     texts = [
         simulator.render(o, node_name=inputs.node_name, insight=i, names=names) for o, i in results
     ]
     print("---\n".join(texts), end="")
     return 0 if all(o.allocated for o, _ in results) else 1
+
+
+def document(node_name: str, outcomes: list[Any]) -> dict[str, Any]:
+    """What ``-o json|yaml`` prints (docs/cli-output.md): per claim, in input order, the
+    ``status.allocation`` the scheduler would write, or why not."""
+    claims = []
+    for o in outcomes:
+        links, numa, root = o.score if o.score is not None else (None, None, None)
+        claims.append(
+            {
+                "name": o.claim_name,
+                "allocated": o.allocated,
+                "allocation": dict(o.allocation) if o.allocation is not None else None,
+                "gpus": list(o.gpus),
+                "placement": None
+                if o.score is None
+                else {"nvlinks": links, "numaPairs": numa, "pcieRootPairs": root},
+                "explanation": list(o.explanation),
+                "notes": list(o.notes),
+            }
+        )
+    return {"node": node_name, "claims": claims}
 
 
 def one_line(message: str) -> str:
