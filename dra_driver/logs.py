@@ -14,9 +14,11 @@ client's fault, not a bug to trace.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import traceback
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import structlog
 
@@ -28,7 +30,9 @@ def configure(*, level: str = "info", fmt: Format = "auto") -> None:
     """Route structlog (and stdlib logging, e.g. grpc's) to stderr in the chosen format."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
+        structlog.processors.JSONRenderer()
+        if use_json
+        else structlog.dev.ConsoleRenderer(colors=colour(sys.stderr, os.environ))
     )
     numeric = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
@@ -50,6 +54,13 @@ def configure(*, level: str = "info", fmt: Format = "auto") -> None:
             root.removeHandler(handler)
     root.addHandler(StdlibBridge())
     root.setLevel(numeric)
+
+
+def colour(stream: Any, environ: Mapping[str, str]) -> bool:
+    """Whether the console format colours its lines: only on a terminal, and never with
+    ``NO_COLOR`` set to anything but the empty string (no-color.org)."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty()) and not environ.get("NO_COLOR")
 
 
 # Loggers whose exceptions are about what a client sent (no traceback of ours in them).

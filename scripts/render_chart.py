@@ -31,6 +31,10 @@ import helm_python as helm
 import kubernetes_validate
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The repo's own package, for a script run bare.
+from dra_driver import inputfile
+
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deployments" / "helm" / "dra-driver"
 STATIC = REPO / "deployments" / "static" / "dra-driver.yaml"
@@ -185,9 +189,11 @@ def load_values(files: Sequence[Path], sets: Sequence[str] = ()) -> dict[str, An
     merged: dict[str, Any] = {}
     for path in files:
         try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise RenderError(f"values file {path}: {exc}") from exc
+            data = yaml.safe_load(inputfile.read_text(path))
+        except inputfile.InputFileError as exc:
+            raise RenderError(f"values file: {exc}") from None
+        except yaml.YAMLError as exc:
+            raise RenderError(f"values file {path}: {_one_line(str(exc))}") from None
         if data is None:
             continue
         if not isinstance(data, dict):
@@ -199,6 +205,10 @@ def load_values(files: Sequence[Path], sets: Sequence[str] = ()) -> dict[str, An
         except helm.HelmError as exc:
             raise RenderError(f"--set {item!r}: {exc}") from exc
     return merged
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def _deep_merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
@@ -230,7 +240,12 @@ def check_all() -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "-f", "--values", type=Path, action="append", default=[], help="values file (repeatable)"
+        "-f",
+        "--values",
+        type=inputfile.path,
+        action="append",
+        default=[],
+        help="values file (repeatable)",
     )
     parser.add_argument(
         "--set",
@@ -273,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         values = load_values(args.values, args.set)
         manifests = render(values, release=args.release, namespace=args.namespace)
     except RenderError as exc:
-        print(f"render_chart: error: {exc}", file=sys.stderr)
+        print(f"render_chart: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     text = to_yaml_stream(manifests)
     if args.output == "-":

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from dra_driver import inputfile, yamlload
+
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 # The API versions whose claims, classes and slices we read: v1beta2 has v1's fields exactly
 # (v1 was promoted from it unchanged); v1beta1 and v1alpha3 have another request layout.
@@ -26,23 +28,21 @@ class SimulateError(Exception):
     """Bad simulator input; the message names the file (and document) and the reason."""
 
 
-# libyaml's loader where PyYAML has it: a fleet's exported slices are megabytes.
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def parse_documents(text: str, *, source: str) -> list[dict[str, Any]]:
     """All objects of a YAML (multi-document) or JSON text; ``kind: List`` is flattened."""
     docs: list[Any] | None = None
     if text.lstrip()[:1] in ("{", "["):  # JSON (kubectl get -o json): its own, faster parser
         try:
             docs = [json.loads(text)]
-        except ValueError:
-            docs = None  # YAML flow style, or broken: YAML says which
+        except (ValueError, RecursionError):
+            docs = None  # YAML flow style, or broken (or too deep): YAML says which
     try:
         if docs is None:
-            docs = list(yaml.load_all(text, Loader=_LOADER))
+            docs = yamlload.load_all(text)
     except yaml.YAMLError as err:
         raise SimulateError(f"{source}: not valid YAML or JSON: {err}") from err
+    except RecursionError:
+        raise SimulateError(f"{source}: nested too deeply to be a Kubernetes object") from None
     out: list[dict[str, Any]] = []
     for i, doc in enumerate(docs):
         if doc is None:
@@ -62,9 +62,9 @@ def parse_documents(text: str, *, source: str) -> list[dict[str, Any]]:
 def load_file(path: Path) -> list[dict[str, Any]]:
     """Read and parse a YAML/JSON file of Kubernetes objects."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise SimulateError(f"cannot read {path}: {err.strerror}") from err
+        text = inputfile.read_text(path)
+    except inputfile.InputFileError as err:
+        raise SimulateError(str(err)) from None
     return parse_documents(text, source=str(path))
 
 

@@ -35,6 +35,7 @@ SUMMARIES = {
     "doctor": "check what the API server serves and keeps of our slices, and our RBAC",
     "controller": "run the ComputeDomain controller (multi-node NVLink, IMEX)",
     "imex-daemon": "run NVIDIA's IMEX daemon in a ComputeDomain daemon pod, report readiness",
+    "completion": "print a bash or zsh completion script (docs/completion.md)",
 }
 
 Handler = Callable[[argparse.Namespace], int]
@@ -47,7 +48,9 @@ def env_default(env: str, default: str | None = None) -> str | None:
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The full parser for ``argv``: only the chosen subcommand's module is imported."""
-    parser = argparse.ArgumentParser(
+    from dra_driver.cli import helptext
+
+    parser = helptext.PlainParser(
         prog="dra-driver",
         description="Kubernetes DRA driver for NVIDIA GPUs (topology-aware).",
         epilog="Exit code 2 with one line on stderr: the command cannot run (bad flags, an "
@@ -67,7 +70,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         default=env_default("LOG_FORMAT", "auto"),
         help="auto = console on a terminal, JSON otherwise (env LOG_FORMAT)",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=helptext.PlainParser
+    )
     # The first word naming a subcommand is the subcommand (global flags' values never do).
     words = sys.argv[1:] if argv is None else argv
     chosen = next((word for word in words if word in SUMMARIES), None)

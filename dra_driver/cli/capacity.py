@@ -13,14 +13,12 @@ Bad input is one error line, exit 2. Definitions: docs/capacity.md.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from dra_driver import cli
-from dra_driver.allocation import documents, fleetnodes, setfit
-from dra_driver.cli import common
+from dra_driver import cli, inputfile
+from dra_driver.allocation import allocatedcheck, documents, fleetnodes, setfit
+from dra_driver.cli import common, output
 from dra_driver.slices import build as slices_build
 
 SHOWN_NODES = 12  # nodes named per line in the text output (-o json names all)
@@ -36,7 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--slices",
         metavar="SLICES.yaml",
-        type=Path,
+        type=inputfile.path,
         action="append",
         help="ResourceSlices from a file instead of the cluster (repeatable; YAML or JSON, "
         "e.g. kubectl get resourceslices -o json)",
@@ -44,7 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--allocated",
         metavar="ALLOCATED.yaml",
-        type=Path,
+        type=inputfile.path,
         action="append",
         default=[],
         help="with --slices: ResourceClaims (with status.allocation) or allocation results "
@@ -58,7 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="claim sizes in GPUs to answer for besides 1, 2, 4 and 8 (repeatable)",
     )
     parser.add_argument("--by-node", action="store_true", help="also answer per node")
-    parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    output.add_flag(parser, aliases=("text",))
     parser.add_argument(
         "--driver-name",
         default=slices_build.DEFAULT_DRIVER_NAME,
@@ -72,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         sizes = setfit.parse_sizes(args.sizes)
         slices, allocated = _from_files(args) if args.slices else _from_cluster(args)
         nodes = fleetnodes.read(slices, allocated, driver_name=args.driver_name)
+        if getattr(args, "no_results", None):
+            raise documents.SimulateError(args.no_results[0])
     except (
         setfit.SizeError,
         fleetnodes.InputError,
@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
         return common.fail("; ".join(ln.strip() for ln in str(err).splitlines() if ln.strip()))
     result = setfit.fleet(nodes, sizes)
     answer = setfit.report(result, by_node=args.by_node)
-    if args.output == "json":
-        print(json.dumps(answer, indent=2))
+    if output.fmt(args) != output.TABLE:
+        output.emit(answer, output.fmt(args))
     else:
         print(render(answer), end="")
     return 0
@@ -96,8 +96,14 @@ def _from_files(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
             raise documents.SimulateError(f"{path}: no ResourceSlice in it")
         slices += kinds["slices"]
     allocated: list[Any] = []
+    args.no_results = []
     for path in args.allocated:
-        allocated += documents.load_file(path)
+        docs = documents.load_file(path)
+        try:  # simulate --allocated's rule: a file with no allocation result is a mistake
+            allocatedcheck.entries(docs, source=str(path))
+        except allocatedcheck.AllocatedError as err:
+            args.no_results.append(str(err))  # said after a malformed result, more precise
+        allocated += docs
     return slices, allocated
 
 

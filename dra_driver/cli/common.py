@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dra_driver import inputfile
 from dra_driver.devices import backend, gpuselect, migprofiles, passthrough
 from dra_driver.slices import shares
 
@@ -34,7 +35,7 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--fake-file",
         metavar="FILE",
-        type=Path,
+        type=inputfile.path,
         default=env_default("FAKE_PROFILE_FILE"),
         help="use a fake GPU profile from a YAML file (docs/profiles.md); env FAKE_PROFILE_FILE",
     )
@@ -209,6 +210,8 @@ def make_backend(args: argparse.Namespace) -> backend.Backend:
 
 
 def fail(message: str, code: int = 2) -> int:
-    """Print one clear error line for the operator and return the exit code."""
-    print(f"dra-driver: error: {message}", file=sys.stderr)
+    """Print one clear error line for the operator and return the exit code (a message of
+    several lines, a YAML parser's with its excerpt, is joined into one)."""
+    text = "; ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(f"dra-driver: error: {text}", file=sys.stderr)
     return code

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dra_driver import cli, demo
+from dra_driver import cli, demo, inputfile
 from dra_driver.cli import common, env_default
 from dra_driver.devices import fake
 from dra_driver.devices.fake import profiles
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group.add_argument(
         "--fake-file",
         metavar="FILE",
-        type=Path,
+        type=inputfile.path,
         help="fake GPU profile from a YAML file (docs/profiles.md)",
     )
     parser.add_argument("--node-name", default=env_default("NODE_NAME", "demo-node"))

@@ -16,9 +16,10 @@ cannot reach or that is not a Kubernetes API server (one line on stderr).
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from dra_driver import cli
-from dra_driver.cli import common
+from dra_driver.cli import common, output
 from dra_driver.kube import client, features
 from dra_driver.slices import validate
 
@@ -73,6 +74,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=env_default("DRIVER_NAME", build.DEFAULT_DRIVER_NAME),
         help=f"DRA driver name (env DRIVER_NAME; default {build.DEFAULT_DRIVER_NAME})",
     )
+    output.add_flag(parser)
     parser.set_defaults(handler=run)
 
 
@@ -91,10 +93,38 @@ def run(args: argparse.Namespace) -> int:
         except validate.SliceInvalid as exc:  # a node or driver name no slice can carry
             return common.fail(f"--node-name/--driver-name: {exc}")
         access = features.rbac(kube)
-        print("\n".join(report(kube.server, found, access, args.node_name, args.driver_name)))
+        if output.fmt(args) != output.TABLE:
+            output.emit(document(kube.server, found, access), output.fmt(args))
+        else:
+            print("\n".join(report(kube.server, found, access, args.node_name, args.driver_name)))
         return 0 if found.v1_served else 1
     finally:
         kube.close()
+
+
+def document(server: str, found: features.Features, access: features.Rbac) -> dict[str, Any]:
+    """What ``-o json|yaml`` prints (docs/cli-output.md)."""
+    return {
+        "server": server,
+        "serverVersion": found.server_version,
+        "resourceApi": {
+            "served": list(found.served_versions),
+            "preferred": found.preferred_version,
+            "v1Served": found.v1_served,
+        },
+        "probed": not found.not_probed,
+        "notProbed": found.not_probed,
+        # Per feature gate: true kept, false dropped (gate off), null not probed.
+        "features": {gate: getattr(found, field) for _, field, gate, _, _ in FEATURES},
+        "rbac": {
+            "complete": access.complete,
+            "unknown": access.unknown,
+            "resources": [
+                {"resource": r.resource, "allowed": list(r.allowed), "denied": list(r.denied)}
+                for r in access.rows
+            ],
+        },
+    }
 
 
 def report(

@@ -10,13 +10,10 @@ a MIG layout the strategy cannot serve) is said on stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-import yaml
-
 from dra_driver import cli
-from dra_driver.cli import common
+from dra_driver.cli import common, output
 from dra_driver.devices import backend
 from dra_driver.nodelabels import compute
 
@@ -31,7 +28,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(docs/labels.md).",
     )
     common.add_backend_flags(parser)
-    parser.add_argument("--output", "-o", choices=("yaml", "json"), default="yaml")
+    output.add_flag(parser, default=output.YAML)  # table: one NAME=VALUE line each
     parser.add_argument(
         "--mig-strategy",
         default=env_default("MIG_STRATEGY", "none"),
@@ -58,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
     result = compute.compute(devices, settings)
     for warning in result.warnings:
         print(f"dra-driver: warning: {warning}", file=sys.stderr)
-    if args.output == "json":
-        print(json.dumps(result.labels, indent=2))
+    if output.fmt(args) == output.TABLE:
+        print("".join(f"{key}={value}\n" for key, value in result.labels.items()), end="")
     else:
-        print(yaml.safe_dump(result.labels, sort_keys=False), end="")
+        output.emit(result.labels, output.fmt(args))
     return 0

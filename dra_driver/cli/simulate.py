@@ -16,14 +16,15 @@ claims: their GPUs carry no set ranks (exported slices show whatever ranks were 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import socket
 import sys
-from pathlib import Path
+from typing import Any
 
-from dra_driver import cli
+from dra_driver import cli, inputfile
 from dra_driver.allocation import allocatedcheck, capacity, simulator
-from dra_driver.cli import common
+from dra_driver.cli import common, output
 from dra_driver.devices import backend, model, passthrough
 from dra_driver.devices.fake import profiles
 from dra_driver.slices import build as slices_build
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "claim",
         metavar="CLAIM.yaml",
-        type=Path,
+        type=inputfile.path,
         help="ResourceClaim or ResourceClaimTemplate (a Pod and DeviceClasses "
         "in the same file are fine; several claims are allocated in order)",
     )
@@ -46,7 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--class",
         dest="classes",
         metavar="CLASS.yaml",
-        type=Path,
+        type=inputfile.path,
         action="append",
         default=[],
         help="DeviceClass file (repeatable); the built-in classes are known",
@@ -60,20 +61,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     source.add_argument(
         "--fake-file",
         metavar="FILE",
-        type=Path,
+        type=inputfile.path,
         help="devices of a fake profile file (docs/profiles.md)",
     )
     source.add_argument(
         "--slices",
         metavar="SLICES.yaml",
-        type=Path,
+        type=inputfile.path,
         action="append",
         help="ResourceSlices to allocate from (repeatable)",
     )
     parser.add_argument(
         "--allocated",
         metavar="ALLOCATED.yaml",
-        type=Path,
+        type=inputfile.path,
         action="append",
         default=[],
         help="devices in use (repeatable): " + allocatedcheck.FORMAT + "; an entry that "
@@ -105,6 +106,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="node to allocate on (env NODE_NAME; default: the slices' node, "
         "'fake-node' with a profile, else this host's name)",
     )
+    output.add_flag(parser)
     parser.set_defaults(handler=run)
 
 
@@ -131,6 +133,7 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
     classes = simulator.merge_classes(
         simulator.builtin_classes(driver_name=args.driver_name), user_classes
     )
+    unknown_class(main["claims"], classes)
     allocated: set[tuple[str, str, str]] = set()
     consumed = capacity.Ledger()
     entries: dict[str, list[tuple[str, str, str]]] = {}
@@ -196,6 +199,35 @@ def gather(args: argparse.Namespace) -> simulator.Inputs:
     )
 
 
+def unknown_class(claims: list[dict[str, Any]], classes: list[dict[str, Any]]) -> None:
+    """A request naming a DeviceClass that neither the built-in classes nor ``--class`` define
+    is a typo far more often than a class the cluster has: an input error naming the closest
+    known class, not "does not fit" (kube-scheduler would wait for the class forever)."""
+    known = [str((c.get("metadata") or {}).get("name")) for c in classes]
+    for claim in claims:
+        spec = claim.get("spec") or {}
+        if claim.get("kind") == "ResourceClaimTemplate":
+            spec = spec.get("spec") or {}
+        requests = (spec.get("devices") or {}).get("requests") or []
+        for request in requests if isinstance(requests, list) else []:
+            if not isinstance(request, dict):
+                continue
+            exactly = request.get("exactly") or {}
+            subs = request.get("firstAvailable") or []
+            for sub in [exactly, *(subs if isinstance(subs, list) else [])]:
+                name = sub.get("deviceClassName") if isinstance(sub, dict) else None
+                if not isinstance(name, str) or not name or name in known:
+                    continue
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {close[0]}? " if close else ""
+                claim_name = (claim.get("metadata") or {}).get("name") or "?"
+                raise simulator.SimulateError(
+                    f"{claim.get('kind')} {claim_name} request {request.get('name')}: unknown "
+                    f"DeviceClass {name!r} ({hint}known: {', '.join(sorted(known))}; "
+                    "give another class's file with --class)"
+                )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         inputs = gather(args)
@@ -205,12 +237,37 @@ def run(args: argparse.Namespace) -> int:
             results = [(o, None) for o in simulator.run(inputs)]
     except simulator.SimulateError as err:
         return common.fail(one_line(str(err)))
+    if output.fmt(args) != output.TABLE:
+        output.emit(document(inputs.node_name, [o for o, _ in results]), output.fmt(args))
+        return 0 if all(o.allocated for o, _ in results) else 1
     names = simulator.gpu_names(inputs)
     texts = [
         simulator.render(o, node_name=inputs.node_name, insight=i, names=names) for o, i in results
     ]
     print("---\n".join(texts), end="")
     return 0 if all(o.allocated for o, _ in results) else 1
+
+
+def document(node_name: str, outcomes: list[Any]) -> dict[str, Any]:
+    """What ``-o json|yaml`` prints (docs/cli-output.md): per claim, in input order, the
+    ``status.allocation`` the scheduler would write, or why not."""
+    claims = []
+    for o in outcomes:
+        links, numa, root = o.score if o.score is not None else (None, None, None)
+        claims.append(
+            {
+                "name": o.claim_name,
+                "allocated": o.allocated,
+                "allocation": dict(o.allocation) if o.allocation is not None else None,
+                "gpus": list(o.gpus),
+                "placement": None
+                if o.score is None
+                else {"nvlinks": links, "numaPairs": numa, "pcieRootPairs": root},
+                "explanation": list(o.explanation),
+                "notes": list(o.notes),
+            }
+        )
+    return {"node": node_name, "claims": claims}
 
 
 def one_line(message: str) -> str:

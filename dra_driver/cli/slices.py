@@ -8,7 +8,7 @@ and one line per node saying what it publishes (:func:`summaries`), e.g.
 ``node n1: 8 devices in 1 ResourceSlice (8 GPUs; set ranks for 1-7 GPUs)``. With
 ``--kubeconfig`` the slices are those the agent would publish to that API server: it is asked
 (a dry-run probe, nothing stored) which gated fields it keeps, what it would drop is left out,
-and an explicit ``--dynamic-mig``/``--shareable`` it cannot honour is refused (exit 1); an
+and an explicit ``--dynamic-mig``/``--shareable`` it cannot honour is refused (exit 2); an
 ``auto:`` one is off there (its GPUs printed as plain full GPUs, one stderr line says so).
 """
 
@@ -47,7 +47,13 @@ def add_identity_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("slices", help=cli.SUMMARIES["slices"])
+    parser = sub.add_parser(
+        "slices",
+        help=cli.SUMMARIES["slices"],
+        epilog="Exit 0: printed. Exit 2, one line on stderr: bad flags or input, an API server "
+        "it cannot ask, or an explicit --dynamic-mig/--shareable whose fields that server "
+        "drops.",
+    )
     add_identity_flags(parser)
     common.add_backend_flags(parser)
     common.add_shareable_flag(parser)
@@ -90,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 kept, gpus=devices.gpus, dynamic_mig=dynamic, shareable=shareable
             )
             if refused:
-                return common.fail(refused, code=1)
+                return common.fail(refused, code=2)
             for feature, flag in serverfeatures.auto_flags(
                 dynamic_mig=dynamic, shareable=shareable
             ).items():

@@ -52,7 +52,7 @@ def test_explicit_dynamic_mig_on_a_server_without_counters_is_refused(
     kubeconfig = serve(disabled_gates=frozenset({"DRAPartitionableDevices"}))
     args = ("--fake", "h100-mig", "--dynamic-mig", "all", "--kubeconfig", str(kubeconfig))
     code, items, err = slices(run_cli, *args)
-    assert code == 1 and items == []
+    assert code == 2 and items == []
     assert "drops the fields of sharedCounters" in err
     (error,) = [line for line in err.splitlines() if line.startswith("dra-driver: error:")]
     assert "DRAPartitionableDevices is off" in error and "--dynamic-mig none" in error
@@ -68,7 +68,7 @@ def test_shares_on_a_server_without_consumable_capacity_are_refused(
     kubeconfig = serve(disabled_gates=frozenset({"DRAConsumableCapacity"}))
     args = ("--fake", "dgx-h100", "--shareable", "all", "--kubeconfig", str(kubeconfig))
     code, _, err = slices(run_cli, *args)
-    assert code == 1 and "DRAConsumableCapacity is off" in err
+    assert code == 2 and "DRAConsumableCapacity is off" in err
 
 
 def test_a_server_that_cannot_be_reached_is_one_error_line(run_cli: RunCli, tmp_path: Path) -> None:
@@ -103,7 +103,7 @@ def test_auto_shares_on_a_server_without_consumable_capacity_are_full_gpus(
     code, _, err = slices(
         run_cli, "--fake", "dgx-h100", "--shareable", "all", "--kubeconfig", kubeconfig
     )
-    assert code == 1 and "DRAConsumableCapacity is off" in err and "auto:all" in err
+    assert code == 2 and "DRAConsumableCapacity is off" in err and "auto:all" in err
 
 
 def test_auto_dynamic_mig_on_a_server_without_counters_is_static(
@@ -120,7 +120,7 @@ def test_auto_dynamic_mig_on_a_server_without_counters_is_static(
     assert code == 0, err
     assert _strip_names(items) == _strip_names(plain)
     code, _, err = slices(run_cli, *args, "--dynamic-mig", "all")
-    assert code == 1 and "DRAPartitionableDevices is off" in err
+    assert code == 2 and "DRAPartitionableDevices is off" in err
 
 
 @pytest.mark.parametrize(

@@ -226,7 +226,7 @@ def test_nvlink_mistakes(tmp_path: Path, extra: str, reason: str) -> None:
 
 
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
-    with pytest.raises(profiles.ProfileError, match=r"cannot read profile file .*missing\.yaml"):
+    with pytest.raises(profiles.ProfileError, match=r"cannot read .*missing\.yaml"):
         profiles.load_file(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")

@@ -301,10 +301,12 @@ def load_builtin(name: str) -> Profile:
 
 def load_file(path: Path) -> Profile:
     """Load a user's profile file."""
+    from dra_driver import inputfile
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ProfileError(f"cannot read profile file {path}: {exc.strerror}") from exc
+        text = inputfile.read_text(path)
+    except inputfile.InputFileError as exc:
+        raise ProfileError(str(exc)) from None
     return parse(text, source=str(path))
 
 
@@ -312,10 +314,17 @@ def parse(text: str, *, source: str) -> Profile:
     """Parse and validate profile YAML; errors name the source and the field path."""
     import yaml  # only for a user's profile file: the built-in ones are read from JSON
 
+    from dra_driver import yamlload
+
     try:
-        data = yaml.safe_load(text)
+        docs = yamlload.load_all(text)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{source}: not valid YAML: {exc}") from exc
+    except RecursionError:
+        raise ProfileError(f"{source}: nested too deeply to be a profile") from None
+    if len(docs) > 1:
+        raise ProfileError(f"{source}: a profile file holds one YAML document, not {len(docs)}")
+    data = docs[0] if docs else None
     return _decode(data, source=source)
 
 
