@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
-from dra_driver import cli
+from dra_driver import cli, inputfile
 from dra_driver.cli import common
 from dra_driver.devices.fake import profiles
 
@@ -50,7 +50,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         f"{', '.join(profiles.builtin_names())})",
     )
     group.add_argument(
-        "--fake-file", metavar="FILE", type=Path, help="a fake GPU profile file (docs/profiles.md)"
+        "--fake-file",
+        metavar="FILE",
+        type=inputfile.path,
+        help="a fake GPU profile file (docs/profiles.md)",
     )
     parser.add_argument(
         "--dir",

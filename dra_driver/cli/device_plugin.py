@@ -155,7 +155,6 @@ def run(args: argparse.Namespace) -> int:
     board = health.HealthBoard()
     try:
         config = config_from_args(args)
-        _check_plugin_dir(config.plugin_dir)
         policy = healthflags.policy_from(args)
         source = common.make_backend(args)
         try:
@@ -163,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         except backend.DiscoveryError:
             registry.nvml_error("discover")
             raise
+        _check_plugin_dir(config.plugin_dir)  # after the user's own input (flags, profile)
         plugin = app.DevicePluginApp(
             config=config,
             devices=devices,

@@ -31,6 +31,11 @@ CLAIM = REPO / "deployments" / "examples" / "one-gpu.yaml"
 # Path arguments that are not input files read by content (or, the kubeconfig, read by the
 # Kubernetes client with its own errors, tested in test_bad_kubeconfig.py).
 NOT_READ = {
+    ("dev-cluster", "--dir"),
+    ("dev-cluster", "--write-kubeconfig"),
+    ("device-plugin", "--kubeconfig"),
+    ("discover", "--vfio-root"),
+    ("kubelet-plugin", "--vfio-root"),
     ("discover", "--kubelet-plugins-dir"),
     ("discover", "--device-plugin-dir"),
     ("slices", "--kubeconfig"),
