@@ -9,6 +9,10 @@ cheaply: the flow brackets that are not empty pairs, plus the longest run of ind
 :data:`C_DEPTH` the C loader runs; past it PyYAML's pure-Python loader, whose recursion stops
 with a :class:`RecursionError` in under a second: the callers' "nested too deeply" (exit 2).
 A file of 8,194 nodes' slices (50 MiB) bounds at 1,001 and is read by libyaml as before.
+
+Speed: ordinary files are built straight from libyaml's events (:func:`_from_events`, 3.2
+times faster than ``CSafeLoader``; iterative, past :data:`MAX_DEPTH` levels a RecursionError);
+what it leaves to PyYAML (merge keys, tagged collections, collection keys) takes the path above.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import yaml
 _C_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # libyaml's composer took 20,000 levels on an 8 MiB stack and crashed at 50,000.
 C_DEPTH = 10_000
+_STR, _MAP, _SEQ = ("tag:yaml.org,2002:" + t for t in ("str", "map", "seq"))
 _BLOCK_SCAN = 1_000  # a line starting with a longer run than this is measured
 _BLOCK_PREFIX = re.compile(rf"^[ ?:-]{{{_BLOCK_SCAN},}}", re.MULTILINE)
 _ANY_PREFIX = re.compile(r"^[ ?:-]+", re.MULTILINE)
@@ -38,5 +43,103 @@ def depth_bound(text: str) -> int:
 def load_all(text: str) -> list[Any]:
     """Every document of ``text``, as ``yaml.safe_load_all`` gives them. Raises
     :class:`yaml.YAMLError`, or :class:`RecursionError` for a text nested too deeply."""
+    if _C_LOADER is not yaml.SafeLoader:
+        try:
+            return _from_events(text)
+        except _Unusual:
+            pass
     loader = _C_LOADER if depth_bound(text) <= C_DEPTH else yaml.SafeLoader
     return list(yaml.load_all(text, Loader=loader))
+
+
+class _Unusual(Exception):
+    """Something :func:`_from_events` leaves to PyYAML: a merge key, a tag on a collection,
+    a collection as a mapping key, a scalar tag without a safe constructor."""
+
+
+_NO_KEY = object()
+MAX_DEPTH = 1_000  # Python's own recursion limit: what the code reading the objects can walk
+_COLLECTION_TAGS = (None, "!")
+
+
+def _from_events(text: str) -> list[Any]:
+    """The documents built straight from libyaml's parse events, in a loop (no recursion, so no
+    depth can crash it): 3.2 times faster than ``CSafeLoader`` on exported slices (1.25 s
+    against 4.0 s for 10 MB), which composes a node graph first and constructs it in Python.
+    A plain scalar's tag is resolved once per distinct text, by PyYAML's own resolver; a scalar
+    that is not a string is built by PyYAML's own constructor for its tag."""
+    loader = _C_LOADER(text)
+    constructors = loader.yaml_constructors
+    tags: dict[str, str] = {}
+    docs: list[Any] = []
+    stack: list[list[Any]] = []  # [container, key waiting for its value]
+    anchors: dict[str, Any] = {}
+    root: list[Any] = []
+    try:
+        while True:
+            event = loader.get_event()
+            kind = type(event)
+            value: Any
+            if kind is yaml.ScalarEvent:
+                tag = event.tag
+                if tag is None or tag == "!":
+                    if event.implicit[0]:
+                        tag = tags.get(event.value)
+                        if tag is None:
+                            tag = loader.resolve(yaml.ScalarNode, event.value, (True, False))
+                            if len(tags) < 200_000:
+                                tags[event.value] = tag
+                    else:
+                        tag = _STR
+                if tag == _STR:
+                    value = event.value
+                else:
+                    construct = constructors.get(tag)
+                    if construct is None:
+                        raise _Unusual(tag)
+                    node = yaml.ScalarNode(
+                        tag, event.value, event.start_mark, event.end_mark, event.style
+                    )
+                    value = construct(loader, node)
+            elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
+                mapping = kind is yaml.MappingStartEvent
+                if event.tag not in (*_COLLECTION_TAGS, _MAP if mapping else _SEQ):
+                    raise _Unusual(event.tag)
+                made: Any = {} if mapping else []
+                if event.anchor is not None:
+                    anchors[event.anchor] = made
+                stack.append([made, _NO_KEY])
+                if len(stack) > MAX_DEPTH:
+                    raise RecursionError(f"nested deeper than {MAX_DEPTH:,} levels")
+                continue
+            elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
+                value = stack.pop()[0]
+            elif kind is yaml.AliasEvent:
+                if event.anchor not in anchors:
+                    raise _Unusual(event.anchor)  # PyYAML words the error
+                value = anchors[event.anchor]
+            elif kind is yaml.DocumentEndEvent:
+                docs.append(root.pop() if root else None)
+                anchors = {}
+                continue
+            elif kind is yaml.StreamEndEvent:
+                return docs
+            else:  # stream and document starts
+                continue
+            if kind is yaml.ScalarEvent and event.anchor is not None:
+                anchors[event.anchor] = value
+            if not stack:
+                root.append(value)
+                continue
+            top = stack[-1]
+            if type(top[0]) is list:
+                top[0].append(value)
+            elif top[1] is _NO_KEY:
+                if value == "<<" or isinstance(value, (dict, list)):
+                    raise _Unusual("merge key or collection key")
+                top[1] = value
+            else:
+                top[0][top[1]] = value
+                top[1] = _NO_KEY
+    finally:
+        loader.dispose()

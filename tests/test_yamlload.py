@@ -50,3 +50,60 @@ def test_block_nesting_is_measured() -> None:
     assert yamlload.depth_bound(text) >= 1500
     shallow = "".join(" " * 1200 + f"k{i}: v\n" for i in range(3))
     assert yamlload.depth_bound(shallow) >= 1200  # a bound: indentation alone counts
+
+
+TRICKY = """\
+plain: text
+quoted: "123"
+int: 123
+octal: 0o17
+float: 1.5e3
+bools: [true, false, yes, no, on, off]
+nulls: [~, null, ""]
+date: 2024-01-02
+stamp: 2024-01-02T03:04:05Z
+binary: !!binary aGVsbG8=
+explicit: !!str 42
+anchor: &a {x: 1, y: [1, 2]}
+alias: *a
+scalar-anchor: &s 7
+scalar-alias: *s
+merged:
+  <<: *a
+  y: 3
+set: !!set {a, b}
+---
+- second document
+---
+"""
+
+
+@pytest.mark.parametrize(
+    "text",
+    [TRICKY, TRICKY.split("merged:")[0], "a: 1\n---\n---\nb: [1, {c: d}]\n", ""],
+    ids=["tricky", "no-merge-key", "documents", "empty"],
+)
+def test_equal_to_safe_load_all(text: str) -> None:
+    assert yamlload.load_all(text) == list(yaml.safe_load_all(text))
+
+
+def test_exported_slices_are_built_from_events(capsys: pytest.CaptureFixture[str]) -> None:
+    from dra_driver import cli
+
+    assert cli.main(["slices", "--fake", "dgx-h100", "--node-name", "n1"]) == 0
+    text = capsys.readouterr().out
+    assert yamlload._from_events(text) == list(yaml.safe_load_all(text))
+
+
+@pytest.mark.parametrize("text", ["? [a]\n: 1\n", "a: *nowhere\n", "[1, 2\n"])
+def test_errors_are_pyyamls(text: str) -> None:
+    with pytest.raises(yaml.YAMLError):
+        yamlload.load_all(text)
+
+
+def test_the_event_builder_stops_at_max_depth() -> None:
+    ok = "[" * yamlload.MAX_DEPTH + "]" * yamlload.MAX_DEPTH
+    assert yamlload.load_all(ok)
+    deep = "[" * (yamlload.MAX_DEPTH + 1) + "]" * (yamlload.MAX_DEPTH + 1)
+    with pytest.raises(RecursionError):
+        yamlload._from_events(deep)

@@ -27,7 +27,7 @@ are judged by.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dra_driver import records
@@ -61,8 +61,15 @@ class NodeGpus:
     problem: str = ""  # why the pool has no usable GPUs
 
 
-def read(slices: Sequence[Any], allocated: Iterable[Any], *, driver_name: str) -> list[NodeGpus]:
-    """Every node of ``driver_name``'s pools, sorted by node name."""
+def read(
+    slices: Sequence[Any],
+    allocated: Iterable[Any],
+    *,
+    driver_name: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[NodeGpus]:
+    """Every node of ``driver_name``'s pools, sorted by node name; ``progress(done, total)``
+    is called per node read."""
     by_pool: dict[str, list[Mapping[str, Any]]] = {}
     node_of: dict[str, str] = {}
     for i, obj in enumerate(slices):
@@ -79,10 +86,12 @@ def read(slices: Sequence[Any], allocated: Iterable[Any], *, driver_name: str) -
             node_of.setdefault(pool["name"], spec["nodeName"])
     held = _held_devices(allocated, driver_name)
     out = []
-    for pool_name, members in by_pool.items():
+    for done, (pool_name, members) in enumerate(by_pool.items(), 1):
         node = node_of.get(pool_name)
         if node is not None:
             out.append(_node(node, members, held.get(pool_name, set())))
+        if progress is not None:
+            progress(done, len(by_pool))
     return sorted(out, key=lambda n: n.node)
 
 

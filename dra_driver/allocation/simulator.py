@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -145,17 +145,35 @@ class Insight:
     better: allocator.Outcome | None = None  # what that claim gets on this node
 
 
-def run(inputs: Inputs, *, share_rng: random.Random | None = None) -> list[allocator.Outcome]:
+Progress = Callable[[int, int], None]  # (claims done, claims in all)
+
+
+def run(
+    inputs: Inputs, *, share_rng: random.Random | None = None, progress: Progress | None = None
+) -> list[allocator.Outcome]:
     """Allocate the claims one after another; each sees the devices (and the capacity of
     shared devices) the previous ones took."""
-    return [outcome for outcome, _ in _each(inputs, explain=False, share_rng=share_rng)]
+    return [
+        o for o, _ in _counted(_each(inputs, explain=False, share_rng=share_rng), inputs, progress)
+    ]
 
 
 def run_explained(
-    inputs: Inputs, *, share_rng: random.Random | None = None
+    inputs: Inputs, *, share_rng: random.Random | None = None, progress: Progress | None = None
 ) -> list[tuple[allocator.Outcome, Insight | None]]:
     """:func:`run`, with the optimum (and a better claim) for every allocated claim."""
-    return list(_each(inputs, explain=True, share_rng=share_rng))
+    return list(_counted(_each(inputs, explain=True, share_rng=share_rng), inputs, progress))
+
+
+def _counted(
+    results: Iterable[tuple[allocator.Outcome, Insight | None]],
+    inputs: Inputs,
+    progress: Progress | None,
+) -> Iterable[tuple[allocator.Outcome, Insight | None]]:
+    for done, result in enumerate(results, 1):
+        if progress is not None:
+            progress(done, len(inputs.claims))
+        yield result
 
 
 def _each(

@@ -18,7 +18,7 @@ from typing import Any
 
 from dra_driver import cli, inputfile
 from dra_driver.allocation import allocatedcheck, documents, fleetnodes, setfit
-from dra_driver.cli import common, output
+from dra_driver.cli import common, output, progress
 from dra_driver.slices import build as slices_build
 
 SHOWN_NODES = 12  # nodes named per line in the text output (-o json names all)
@@ -57,6 +57,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("--by-node", action="store_true", help="also answer per node")
     output.add_flag(parser, aliases=("text",))
+    progress.add_flag(parser)
     parser.add_argument(
         "--driver-name",
         default=slices_build.DEFAULT_DRIVER_NAME,
@@ -66,10 +67,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    shown = progress.Progress.of(args, "capacity")
     try:
         sizes = setfit.parse_sizes(args.sizes)
+        shown.say("reading the ResourceSlices and claims")
         slices, allocated = _from_files(args) if args.slices else _from_cluster(args)
-        nodes = fleetnodes.read(slices, allocated, driver_name=args.driver_name)
+        step = (lambda done, total: shown.step(done, total, "nodes")) if shown.enabled else None
+        nodes = fleetnodes.read(slices, allocated, driver_name=args.driver_name, progress=step)
         if getattr(args, "no_results", None):
             raise documents.SimulateError(args.no_results[0])
     except (
@@ -78,8 +82,11 @@ def run(args: argparse.Namespace) -> int:
         documents.SimulateError,
         common.UsageError,
     ) as err:
+        shown.close()
         return common.fail("; ".join(ln.strip() for ln in str(err).splitlines() if ln.strip()))
+    shown.say(f"answering for {len(nodes):,} nodes")
     result = setfit.fleet(nodes, sizes)
+    shown.close()
     answer = setfit.report(result, by_node=args.by_node)
     if output.fmt(args) != output.TABLE:
         output.emit(answer, output.fmt(args))

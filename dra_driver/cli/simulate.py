@@ -24,7 +24,7 @@ from typing import Any
 
 from dra_driver import cli, inputfile
 from dra_driver.allocation import allocatedcheck, capacity, simulator
-from dra_driver.cli import common, output
+from dra_driver.cli import common, output, progress
 from dra_driver.devices import backend, model, passthrough
 from dra_driver.devices.fake import profiles
 from dra_driver.slices import build as slices_build
@@ -107,6 +107,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "'fake-node' with a profile, else this host's name)",
     )
     output.add_flag(parser)
+    progress.add_flag(parser)
     parser.set_defaults(handler=run)
 
 
@@ -229,14 +230,19 @@ def unknown_class(claims: list[dict[str, Any]], classes: list[dict[str, Any]]) -
 
 
 def run(args: argparse.Namespace) -> int:
+    shown = progress.Progress.of(args, "simulate")
     try:
+        shown.say(f"reading {args.claim}")
         inputs = gather(args)
+        step = (lambda done, total: shown.step(done, total, "claims")) if shown.enabled else None
         if args.explain:
-            results = simulator.run_explained(inputs)
+            results = simulator.run_explained(inputs, progress=step)
         else:
-            results = [(o, None) for o in simulator.run(inputs)]
+            results = [(o, None) for o in simulator.run(inputs, progress=step)]
     except simulator.SimulateError as err:
+        shown.close()
         return common.fail(one_line(str(err)))
+    shown.close()
     if output.fmt(args) != output.TABLE:
         output.emit(document(inputs.node_name, [o for o, _ in results]), output.fmt(args))
         return 0 if all(o.allocated for o, _ in results) else 1
