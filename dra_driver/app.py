@@ -21,6 +21,7 @@ serves them over HTTP.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -321,26 +322,45 @@ def run(
 
 def install_signal_handlers(
     stop: threading.Event, on_signal: Callable[[], None] | None = None
-) -> None:
+) -> Callable[[], None]:
     """SIGTERM / SIGINT → orderly shutdown (call from the main thread); ``on_signal`` (e.g.
-    :meth:`dra_driver.shutdown.Stopper.arm`) runs at each signal, never inside its own run.
+    :meth:`dra_driver.shutdown.Stopper.arm`) runs at each signal, before ``stop`` is set, one
+    signal after the other. Returns what undoes this (the tests).
 
-    A signal that arrives while the handler runs (two SIGTERMs back to back: a rollout tool
-    and the kubelet) runs the handler again inside the first one, at any point of it, even
-    while it holds a lock a second run would wait for: the second run does nothing."""
-    handling = False
+    Nothing of it runs in a Python signal handler: CPython runs those in the main thread between
+    any two byte-codes, also while the main thread holds a lock. ``stop.set()`` there once
+    deadlocked the agent for good: a SIGTERM that arrived as the main thread entered
+    ``stop.wait()`` (which holds the event's own lock, a plain one, until it starts waiting) ran
+    the handler inside ``wait()``, where ``set()`` waited for that lock forever, and the
+    deadline (armed after it) never started; the second signal found the handler busy. So the
+    signal only wakes a thread of its own, ``signal-watch``: CPython writes each signal's number
+    to a pipe (:func:`signal.set_wakeup_fd`), in C, whatever the main thread is doing, and that
+    thread arms the deadline and sets ``stop``."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    stopping = {signal.SIGTERM, signal.SIGINT}
 
-    def handler(signum: int, frame: Any) -> None:
-        nonlocal handling
-        if handling:
-            return
-        handling = True
+    def watch() -> None:
         try:
-            stop.set()
-            if on_signal is not None:
-                on_signal()
+            while chunk := os.read(read_fd, 64):
+                for _ in range(sum(1 for signum in chunk if signum in stopping)):
+                    if on_signal is not None:
+                        on_signal()
+                    stop.set()
         finally:
-            handling = False
+            os.close(read_fd)
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    def noted(signum: int, frame: Any) -> None:
+        """The number is already in the pipe; the handler itself must do nothing."""
+
+    threading.Thread(target=watch, name="signal-watch", daemon=True).start()
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    previous = {sig: signal.signal(sig, noted) for sig in stopping}
+
+    def undo() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(write_fd)  # the watch thread reads the end of the pipe and returns
+
+    return undo

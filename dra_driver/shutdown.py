@@ -57,11 +57,11 @@ class Stopper:
     def arm(self) -> None:
         """Start the deadline (once; a second signal does not move it).
 
-        Called from the signal handler, so it never waits for its lock: a second SIGTERM
-        (the kubelet's, a rollout tool's) may interrupt the first ``arm()`` while that one
-        waits for the timer thread to start, holding the lock; waiting for it there would
-        deadlock the main thread. The interrupting call returns at once: the one it
-        interrupted arms the deadline."""
+        It never waits for its lock: a caller that finds it taken returns at once, the one
+        that holds it arms the deadline. (It once ran in the signal handler, where a second
+        SIGTERM could interrupt the first ``arm()``; the signals now reach it one after the
+        other from the ``signal-watch`` thread: :func:`dra_driver.app.install_signal_handlers`.)
+        """
         if self.deadline_s <= 0 or not self._lock.acquire(blocking=False):
             return
         try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import logging
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -180,26 +182,72 @@ def test_a_second_signal_while_the_first_starts_the_deadline_does_not_deadlock(
     assert exits.asked.wait(5) and exits.codes == [shutdown.DEADLINE_EXIT_CODE]
 
 
-def test_the_signal_handler_does_nothing_when_a_signal_interrupts_it() -> None:
-    """A second SIGTERM runs the handler again inside the first run (here: raised from
-    ``on_signal``); that nested run must not touch the locks the first one may hold."""
+def test_each_signal_arms_then_stops_one_after_the_other() -> None:
+    """A second SIGTERM while the first one's ``on_signal`` runs (here: raised from it) waits for
+    it: ``on_signal`` never runs inside itself, and runs before ``stop`` is set."""
     from dra_driver import app
 
     stop = threading.Event()
     calls: list[bool] = []
+    both = threading.Event()
 
     def on_signal() -> None:
         calls.append(stop.is_set())
         if len(calls) == 1:
-            signal.raise_signal(signal.SIGTERM)  # handled before on_signal returns
+            signal.raise_signal(signal.SIGTERM)
+            assert len(calls) == 1  # not nested
+        else:
+            both.set()
 
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    undo = app.install_signal_handlers(stop, on_signal=on_signal)
     try:
-        app.install_signal_handlers(stop, on_signal=on_signal)
         signal.raise_signal(signal.SIGTERM)
-        assert calls == [True]  # once, after stop was set; the nested run returned at once
-        signal.raise_signal(signal.SIGINT)  # a later signal, not nested: handled again
-        assert calls == [True, True]
+        assert stop.wait(5)
+        assert both.wait(5)
+        assert calls == [False, True]
+        stop.clear()
+        signal.raise_signal(signal.SIGINT)
+        assert stop.wait(5)
     finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+        undo()
+
+
+_SIGNAL_WHILE_WAIT_HOLDS_ITS_LOCK = """
+import signal, sys, threading, time
+import structlog
+from dra_driver import app, shutdown
+
+stop = threading.Event()
+stopper = shutdown.Stopper(log=structlog.get_logger(), deadline_s=float(sys.argv[2]))
+app.install_signal_handlers(stop, on_signal=stopper.arm)
+with stop._cond:  # where stop.wait() is between its entry and the start of its wait
+    signal.raise_signal(signal.SIGTERM)
+    if sys.argv[1] == "stuck":
+        time.sleep(60)  # a main thread that does not come back: the deadline ends it
+stop.wait()
+print("stopped", flush=True)
+"""
+
+
+def _run_agent_like(case: str, deadline_s: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _SIGNAL_WHILE_WAIT_HOLDS_ITS_LOCK, case, deadline_s],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+
+
+def test_a_signal_as_the_main_thread_enters_stop_wait_still_stops_it() -> None:
+    """The rare hang of the kubelet-plugin on SIGTERM (neither a stop nor its own deadline):
+    a handler that set ``stop`` in the main thread, inside ``stop.wait()``'s locked prologue,
+    deadlocked on the event's lock. Before the fix this subprocess never ended."""
+    done = _run_agent_like("returns", "25")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "stopped\n"
+
+
+def test_a_signal_while_the_main_thread_is_stuck_holding_the_lock_arms_the_deadline() -> None:
+    done = _run_agent_like("stuck", "0.5")
+    assert done.returncode == shutdown.DEADLINE_EXIT_CODE, done.stderr
+    assert "shutdown did not finish in time" in done.stdout + done.stderr

@@ -10,6 +10,8 @@ lives in :mod:`dra_driver.app`.
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import threading
 from pathlib import Path
 
@@ -281,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     stopper = shutdown.Stopper(log=log, deadline_s=args.shutdown_timeout)
     app.install_signal_handlers(stop, on_signal=stopper.arm)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # `kill -USR2`: stacks on stderr
     try:
         return app.run(
             settings,

@@ -278,8 +278,18 @@ class PluginProcess:
         self.proc.send_signal(sig)
 
     def wait(self, timeout_s: float = 20.0) -> int:
+        """The exit code; past ``timeout_s`` the agent is asked for every thread's stack
+        (SIGUSR2: faulthandler, in C, so also with a main thread that never returns to Python)
+        and the error carries the end of its log: where a rare hang waits."""
         assert self.proc is not None
-        return self.proc.wait(timeout=timeout_s)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            self.proc.send_signal(signal.SIGUSR2)
+            time.sleep(1.0)
+            tail = self.log()[-20000:]
+            exc.add_note(f"the agent's log, ending with its threads' stacks:\n{tail}")
+            raise
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
