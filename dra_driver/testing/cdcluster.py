@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
 
 from dra_driver import computedomain as cd
@@ -267,7 +268,9 @@ class DaemonPods:
         while not self._stop.is_set():
             try:
                 self.step()
-            except (api.ApiError, OSError, RuntimeError) as exc:
+            # ValueError: a node's kubelet channel closed under the step (the test restarted
+            # that node's agent and its kubelet stand-in); a kubelet retries at the next turn.
+            except (api.ApiError, OSError, RuntimeError, ValueError, grpc.RpcError) as exc:
                 self.events.append(f"daemon pods step failed: {exc}")
             self._stop.wait(0.1)
 
