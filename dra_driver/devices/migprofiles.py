@@ -9,15 +9,14 @@ the memory and compute slices of a GPU. This module is those facts and nothing e
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from dra_driver import records
-from dra_driver.devices import model
+from dra_driver.devices import gpuselect, model
 
-NONE = "none"
-ALL = "all"
-AUTO_PREFIX = "auto:"  # ``auto:<selection>``: on where the API server keeps the fields, else off
+NONE = gpuselect.NONE
+ALL = gpuselect.ALL
+AUTO_PREFIX = gpuselect.AUTO_PREFIX  # on where the API server keeps the fields, else off
 
 
 class SelectorError(ValueError):
@@ -37,30 +36,14 @@ class DynamicMig:
 
     @classmethod
     def parse(cls, text: str | None) -> DynamicMig:
-        value = (text or NONE).strip()
-        auto = value[: len(AUTO_PREFIX)].lower() == AUTO_PREFIX
-        if auto:
-            value = value[len(AUTO_PREFIX) :].strip()
-        elif value.lower() == "auto":
-            raise SelectorError(
-                "--dynamic-mig 'auto': say which GPUs, e.g. auto:all or auto:H100 (on where the "
-                "API server keeps shared counters, off where it drops them)"
-            )
-        if auto and value.lower() in ("", NONE):
-            raise SelectorError(
-                f"--dynamic-mig {text!r}: auto: needs all or a regular expression over the GPU "
-                "product name after it, e.g. auto:all"
-            )
-        if value.lower() in (NONE, ALL):
-            return cls(value.lower(), auto=auto)
+        """The grammar the publishing flags share (:mod:`dra_driver.devices.gpuselect`)."""
         try:
-            re.compile(value)
-        except re.error as exc:
-            raise SelectorError(
-                f"--dynamic-mig {(text or '').strip()!r}: not none, all or a regular expression "
-                f"over the GPU product name ({exc})"
-            ) from None
-        return cls(value, auto=auto)
+            chosen = gpuselect.GpuSelection.parse(
+                text, flag="--dynamic-mig", needs="shared counters"
+            )
+        except gpuselect.SelectionError as exc:
+            raise SelectorError(str(exc)) from None
+        return cls(chosen.spec, auto=chosen.auto)
 
     @property
     def text(self) -> str:
@@ -73,11 +56,7 @@ class DynamicMig:
 
     def wants(self, gpu: model.Gpu) -> bool:
         """Whether the operator asked for ``gpu`` (MIG-capable or not)."""
-        if self.spec == NONE:
-            return False
-        if self.spec == ALL:
-            return True
-        return re.search(self.spec, gpu.product_name, re.IGNORECASE) is not None
+        return gpuselect.GpuSelection(self.spec, auto=self.auto).wants(gpu)
 
     def selects(self, gpu: model.Gpu) -> bool:
         """Whether ``gpu`` is dynamic: asked for, and NVML listed profiles with placements."""
