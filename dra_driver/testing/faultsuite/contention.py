@@ -117,7 +117,6 @@ def _check_prepared(
 ) -> None:
     if not found.ok:
         row.fail(found.describe(), leaked=len(found.leaked), lost=len(found.lost))
-    holders: dict[str, list[str]] = {}
     for uid, told in answers.items():
         kinds = set(told)
         if len(kinds) > 1:
@@ -127,10 +126,5 @@ def _check_prepared(
             row.fail(f"claim {uid} was told prepared but is not", lost=1)
         if not prepared and uid in found.prepared:
             row.fail(f"claim {uid} was refused as busy but is prepared")
-    for uid in found.prepared:
-        for result in results[uid]:
-            if not result.get("adminAccess"):
-                holders.setdefault(result["device"], []).append(uid)
-    for device, uids in holders.items():
-        if len(uids) > 1:
-            row.fail(f"{device} is held by {len(uids)} claims at once")
+    for problem in rig.double_allocations(found, results):
+        row.fail(problem)

@@ -197,15 +197,10 @@ def _check_prepared(
 ) -> None:
     if not found.ok:
         row.fail(found.describe(), leaked=len(found.leaked), lost=len(found.lost))
-    holders: dict[str, list[str]] = {}
     for uid, told in answers.items():
         if len({t for t in told if t != "busy"}) > 1:
             row.fail(f"claim {uid} got different devices: {sorted(map(str, set(told)))[:2]}")
         if any(t != "busy" for t in told) and uid not in found.prepared:
             row.fail(f"claim {uid} was told prepared but is not", lost=1)
-    for uid in found.prepared:
-        for result in results[uid]:
-            holders.setdefault(result["device"], []).append(uid)
-    for device, uids in holders.items():
-        if len(uids) > 1:
-            row.fail(f"{device} is held by {len(uids)} claims at once (double allocation)")
+    for problem in rig.double_allocations(found, results):
+        row.fail(problem)

@@ -221,3 +221,18 @@ def _json_file(path: Path) -> Any:
         return None
     finally:
         os.close(fd)
+
+
+def double_allocations(found: Audit, results: Mapping[str, list[dict[str, Any]]]) -> list[str]:
+    """A line for each device that more than one prepared claim holds (admin access aside:
+    it may share a device by design), from the claims' allocation ``results`` by UID."""
+    holders: dict[str, list[str]] = {}
+    for uid in found.prepared:
+        for result in results[uid]:
+            if not result.get("adminAccess"):
+                holders.setdefault(result["device"], []).append(uid)
+    return [
+        f"{device} is held by {len(uids)} claims at once (double allocation)"
+        for device, uids in holders.items()
+        if len(uids) > 1
+    ]
