@@ -200,7 +200,12 @@ class Lifecycle:
                 "a prepared claim's GPU vanished; the claim is not re-prepared elsewhere",
                 devices=lost,
             )
-            vanished.report(self.api, self.settings.driver_name, ref, record, set(lost), self.log)
+            if self.driver.status is not None:  # queued behind its prepare's own status write
+                self.driver.status.lost(ref, set(lost))
+            else:
+                vanished.report(
+                    self.api, self.settings.driver_name, ref, record, set(lost), self.log
+                )
 
     def handle(self, req: Mapping[str, Any]) -> dict[str, Any]:
         rescan = self.watch.rescan_soon if self.watch is not None else None

@@ -99,8 +99,10 @@ def device_entries(
     devices: inventory.Inventory,
     gpus: Mapping[int, GpuFacts],
     since: str,
+    lost: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
-    """One ``AllocatedDeviceStatus`` per device of a prepared claim's record."""
+    """One ``AllocatedDeviceStatus`` per device of a prepared claim's record; a device in
+    ``lost`` (its GPU vanished from the node) is ``Ready=False``, reason ``GpuVanished``."""
     entries = []
     for dev in record.devices:
         entry: dict[str, Any] = {
@@ -111,17 +113,31 @@ def device_entries(
         if dev.shareId:
             entry["shareID"] = dev.shareId
         entry["data"] = _data(dev, devices.get(dev.deviceName), gpus)
-        entry["conditions"] = [
-            {
-                "type": "Ready",
-                "status": "True",
-                "reason": "Prepared",
-                "message": "prepared on the node; CDI device " + ", ".join(dev.cdiDeviceIds),
-                "lastTransitionTime": since,
-            }
-        ]
+        entry["conditions"] = [ready_condition(dev, gone=dev.deviceName in lost, since=since)]
         entries.append(entry)
     return entries
+
+
+VANISHED_REASON = "GpuVanished"
+
+
+def ready_condition(dev: checkpoint.DeviceRecord, *, gone: bool, since: str) -> dict[str, str]:
+    """The device's ``Ready`` condition: prepared, or lost with its GPU."""
+    if gone:
+        return {
+            "type": "Ready",
+            "status": "False",
+            "reason": VANISHED_REASON,
+            "message": "its GPU vanished from the node; the claim is not moved to another GPU",
+            "lastTransitionTime": since,
+        }
+    return {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Prepared",
+        "message": "prepared on the node; CDI device " + ", ".join(dev.cdiDeviceIds),
+        "lastTransitionTime": since,
+    }
 
 
 def _data(
@@ -216,6 +232,7 @@ class StatusWriter:
         self._last: dict[str, dict[str, Any]] = {}  # claim UID → the patch last applied
         self._dropped_said = False  # the server drops status.devices: said once
         self._since: dict[str, str] = {}  # claim UID → when we first reported it Ready
+        self._lost: dict[str, tuple[frozenset[str], str]] = {}  # UID → lost devices, since when
         self._cond = threading.Condition()
         self.max_defer_s = max_defer_s
         self._in_progress = 0  # prepares and unprepares running now (see busy())
@@ -232,6 +249,15 @@ class StatusWriter:
             gen = old.generation + 1 if old is not None else 0
             self._jobs[ref.uid] = _Job(ref=ref, due=self._clock(), generation=gen)
             self._cond.notify()
+
+    def lost(self, ref: claims.ClaimRef, devices: set[str]) -> None:
+        """The claim's devices whose GPU vanished: written ``Ready=False``/``GpuVanished`` from
+        now on, in the same queue as its prepare's write, so a deferred ``Ready=True`` can never
+        land after (and overwrite) the report."""
+        with self._cond:
+            old, _ = self._lost.get(ref.uid, (frozenset(), ""))
+            self._lost[ref.uid] = (old | frozenset(devices), _now())
+        self.sync(ref)
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
@@ -300,17 +326,22 @@ class StatusWriter:
         ref = job.ref
         clog = self._claim_log(ref)
         record = self.store.get(ref.uid)
+        with self._cond:
+            lost, lost_since = self._lost.get(ref.uid, (frozenset(), ""))
         if record is not None and record.state == checkpoint.PREPARE_COMPLETED:
-            since = self._since.setdefault(ref.uid, _now())
+            since = lost_since or self._since.setdefault(ref.uid, _now())
             entries = device_entries(
                 record,
                 driver_name=self.driver_name,
                 devices=self.devices,
                 gpus=self.gpus,
                 since=since,
+                lost=lost,
             )
         else:
             self._since.pop(ref.uid, None)
+            with self._cond:
+                self._lost.pop(ref.uid, None)
             entries = []
         patch = {
             "apiVersion": "resource.k8s.io/v1",

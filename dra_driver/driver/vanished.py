@@ -25,7 +25,7 @@ from dra_driver.devices import rediscovery
 from dra_driver.driver import checkpoint, claims, claimstatus, inventory
 from dra_driver.kube import api as kube
 
-REASON = "GpuVanished"
+REASON = claimstatus.VANISHED_REASON
 _VISIBLE = "NVIDIA_VISIBLE_DEVICES="
 
 
@@ -132,17 +132,8 @@ def report(
         entry["device"] = dev.deviceName
         if dev.shareId:
             entry["shareID"] = dev.shareId
-        gone = dev.deviceName in lost
         entry["conditions"] = [
-            {
-                "type": "Ready",
-                "status": "False" if gone else "True",
-                "reason": REASON if gone else "Prepared",
-                "message": "its GPU vanished from the node; the claim is not moved to another GPU"
-                if gone
-                else "prepared on the node",
-                "lastTransitionTime": now,
-            }
+            claimstatus.ready_condition(dev, gone=dev.deviceName in lost, since=now)
         ]
         entries.append(entry)
     patch = {

@@ -100,3 +100,42 @@ def test_a_child_forked_while_another_thread_holds_the_writers_lock_can_still_sy
         os.waitpid(pid, 0)
         raise AssertionError("the forked child blocked on a lock held at the fork")
     assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+def test_a_gpu_lost_while_its_prepare_write_is_held_is_reported_not_overwritten(
+    node: Node,
+) -> None:
+    """A GPU vanished just after its claim's prepare, while that prepare's ``Ready=True``
+    write was still held back: the report must be the last word (once seen in CI: the held
+    write landed after a direct report and said the claim was ready on a vanished GPU)."""
+    status = node.driver.status
+    assert status is not None
+    status.max_defer_s = 600.0
+    ref = node.add(claim_obj(name="lost", uid=new_uid(), devices=["gpu-2"]))
+    other_in_progress = status.busy()
+    other_in_progress.__enter__()
+    try:
+        assert node.driver.prepare([ref])[ref.uid].error == ""
+        status.lost(ref, {"gpu-2"})
+        time.sleep(0.2)
+        assert _applies(node) == []  # still held, both in the one queue
+    finally:
+        other_in_progress.__exit__(None, None, None)
+    polling.wait_for(lambda: status.pending() == 0, what="the status write")
+    time.sleep(0.2)
+    stored = node.api.get_resource_claim("default", "lost")
+    [entry] = stored["status"]["devices"]
+    [ready] = entry["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "GpuVanished")
+    assert "vanished" in ready["message"]
+    assert entry["data"]["gpus"][0]["minor"] == 2  # the facts stay: which GPU it was
+    # A later sync (a kubelet retry) keeps the report; unprepare removes our entry.
+    status.sync(ref)
+    polling.wait_for(lambda: status.pending() == 0, what="the retry's write")
+    stored = node.api.get_resource_claim("default", "lost")
+    assert stored["status"]["devices"][0]["conditions"][0]["reason"] == "GpuVanished"
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    polling.wait_for(
+        lambda: not node.api.get_resource_claim("default", "lost")["status"].get("devices"),
+        what="our entry removed",
+    )

@@ -212,11 +212,17 @@ def test_a_gpu_removed_is_withdrawn_and_its_claim_reported(node: Node) -> None:
     assert sorted(node.gpus()) == [f"gpu-{i}" for i in (0, 1, 2, 4, 5, 6, 7)]
     assert node.server.api.writes > writes
     node.wait(lambda: "\"a prepared claim's GPU vanished" in node.proc.log())
-    stored = node.server.api.get_resource_claim("team", "on-gpu-3")
-    conditions = [c for d in stored["status"]["devices"] for c in d["conditions"]]
-    assert {"type": "Ready", "status": "False", "reason": "GpuVanished"}.items() <= conditions[
-        0
-    ].items()
+
+    def reported() -> bool:
+        stored = node.server.api.get_resource_claim("team", "on-gpu-3")
+        conditions = [c for d in stored["status"].get("devices", []) for c in d["conditions"]]
+        return [(c["type"], c["status"], c.get("reason")) for c in conditions] == [
+            ("Ready", "False", "GpuVanished")
+        ]
+
+    node.wait(reported)  # the status writer's queue: the prepare's Ready=True comes first
+    time.sleep(0.5)
+    assert reported()  # and is never written after the report
     # Never re-prepared elsewhere: a new claim for the vanished GPU is refused with why.
     again = put_claim(node.server, "again", ["gpu-3"])
     error = node.kubelet.prepare([again]).claims[again.uid].error
