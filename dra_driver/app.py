@@ -29,7 +29,16 @@ from typing import Any
 
 import structlog
 
-from dra_driver import gpumetrics, health_server, lifecycleparts, logs, nodehealth, shutdown
+from dra_driver import (
+    driverwatch,
+    gpumetrics,
+    health_server,
+    inventoryfollow,
+    lifecycleparts,
+    logs,
+    nodehealth,
+    shutdown,
+)
 from dra_driver import metrics as metrics_mod
 from dra_driver.agentparts import (
     StartupError,
@@ -43,7 +52,6 @@ from dra_driver.devices import backend as devices_backend
 from dra_driver.devices import (
     health,
     holdings,
-    migprofiles,
     passedthrough,
     passthrough,
 )
@@ -199,9 +207,10 @@ def run(
     )
     streams = health_service.HealthStreams(
         pool_name=settings.node_name,
-        devices=migprofiles.health_keys(devices, settings.dynamic, health.device_keys(devices)),
+        devices=inventoryfollow.stream_devices(devices, settings.dynamic),
         source=board,
         log=log.bind(component="health"),
+        unknown_kinds=(driverwatch.CONDITION_KIND,),  # the driver away: health not known
     )
     dra = server.UnixServer(
         path=settings.dra_socket,
@@ -280,6 +289,15 @@ def run(
             features=features,
             discover=lambda: passthrough.mark(backend.discover(), vfio),
             hidden=passed.contains,
+            follow=inventoryfollow.Followers(  # the health stream and GPU metrics follow too
+                streams=streams,
+                gpu_metrics=gpu_metrics,
+                held=lambda: [
+                    d.deviceName for r in driver.state.store.records() for d in r.devices
+                ],
+                dynamic=settings.dynamic,
+                log=log.bind(component="driver-watch"),
+            ),
         )
         if settings.compute_domains is not None:
             # The second driver, compute-domain.nvidia.com (docs/computedomains.md): its ~10

@@ -12,8 +12,12 @@ is, labelled with the claim and pod that hold it, without running DCGM. Two part
 
 A value NVML refuses for a GPU (NotSupported, ...) is skipped and counted in
 ``dra_driver_gpu_sample_errors_total{gpu_uuid, metric}``; the first refusal per GPU and value is
-logged. Series under NVIDIA's DCGM exporter names (``DCGM_FI_DEV_GPU_UTIL``, ...) with its labels
-are offered too (docs/metrics.md maps ours to theirs).
+logged. The GPUs sampled follow the node (:meth:`GpuMetrics.set_devices`, docs/lifecycle.md): a
+hot-added GPU is sampled from the next pass, a vanished one's telemetry series go at once (a claim
+that still holds it keeps its ``claim_device_info`` line); while the NVIDIA driver is away or
+released (:meth:`GpuMetrics.pause`) nothing is sampled and no telemetry is shown, never a frozen
+last value. Series under NVIDIA's DCGM exporter names (``DCGM_FI_DEV_GPU_UTIL``, ...) with its
+labels are offered too (docs/metrics.md maps ours to theirs).
 """
 
 from __future__ import annotations
@@ -104,8 +108,32 @@ class GpuMetrics(prom_registry.Collector):
         """Start the sampling thread (not with an interval of 0 or no sampler)."""
         if self.interval_s <= 0 or self._thread is not None:
             return
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-metrics", daemon=True)
         self._thread.start()
+
+    def set_devices(self, devices: model.NodeDevices) -> None:
+        """Sample ``devices``' GPUs from the next pass on; series of GPUs gone end now."""
+        uuids = tuple(g.uuid for g in devices.gpus)
+        with self._lock:
+            self._uuids = uuids
+            self._models = {g.uuid: g.product_name for g in devices.gpus}
+            self._last = {u: s for u, s in self._last.items() if u in uuids}
+
+    def pause(self) -> None:
+        """Stop sampling (the NVIDIA driver is away or released: no NVML calls) and drop the
+        last sample, so no telemetry freezes at its last value; :meth:`resume` starts again."""
+        thread, self._thread = self._thread, None
+        self._stop.set()
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=10)
+        with self._lock:
+            self._last = {}
+
+    def resume(self) -> None:
+        """Sample again after :meth:`pause` (a no-op while sampling)."""
+        if self._registry is not None:
+            self.start()
 
     def stop(self) -> None:
         """Stop sampling; series leave the registry :func:`start` put them in."""
@@ -130,7 +158,9 @@ class GpuMetrics(prom_registry.Collector):
         if self.sampler is None:
             return {}
         start = time.perf_counter()
-        found = self.sampler.sample(self._uuids)
+        with self._lock:
+            uuids = self._uuids
+        found = self.sampler.sample(uuids)
         seconds = time.perf_counter() - start
         first: list[tuple[str, str]] = []
         with self._lock:
@@ -140,7 +170,7 @@ class GpuMetrics(prom_registry.Collector):
                     if key not in self._errors:
                         first.append(key)
                     self._errors[key] = self._errors.get(key, 0) + 1
-            self._last = found
+            self._last = {u: s for u, s in found.items() if u in self._uuids}
             self._last_at = time.time()
             self._last_seconds = seconds
             self._passes += 1
@@ -155,7 +185,7 @@ class GpuMetrics(prom_registry.Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            last, errors = self._last, dict(self._errors)
+            last, errors, models = self._last, dict(self._errors), self._models
             at, seconds, passes = self._last_at, self._last_seconds, self._passes
         snapshot = self.claims.snapshot()
         info = GaugeMetricFamily(
@@ -201,7 +231,7 @@ class GpuMetrics(prom_registry.Collector):
                     str(gpu.gpu_minor),
                     gpu.gpu_uuid,
                     f"nvidia{gpu.gpu_minor}",
-                    self._models.get(gpu.gpu_uuid, ""),
+                    models.get(gpu.gpu_uuid, ""),
                     self.node_name,
                     claim.namespace,
                     pods,

@@ -30,12 +30,14 @@ import structlog
 
 from dra_driver import driverwatch, health_server, logs, nodehealth
 from dra_driver import metrics as metrics_mod
-from dra_driver.devices import health, model, rediscovery, watcher
+from dra_driver.devices import health, model, rediscovery
 from dra_driver.driver import claims, claimstatus, inventory, vanished
 from dra_driver.driver import driver as driver_mod
 from dra_driver.kube import api as kube
 from dra_driver.pluginsettings import PluginSettings
 from dra_driver.slices import nodepublisher, republish, serverfeatures, taints
+from dra_driver.watcherparts import follow_outage as follow_outage
+from dra_driver.watcherparts import restart_watcher as restart_watcher
 
 READINESS_CONDITION = "nvidia_driver"
 VANISHED_REASON = vanished.REASON
@@ -82,6 +84,7 @@ class Lifecycle:
     start_labels: Any  # (devices) -> the new labeller or None
     features: serverfeatures.ServerFeatures | None = None
     watch: driverwatch.DriverWatch | None = None
+    follow: Any = None  # the health stream and GPU metrics (inventoryfollow.Followers)
     vanished_reported: set[str] = dataclasses.field(default_factory=set)
 
     # --- the prepare gate ----------------------------------------------------------------------
@@ -100,6 +103,8 @@ class Lifecycle:
             outage,
             restart=lambda: self._start_watcher(self.watch.devices) if self.watch else None,
         )
+        if self.follow is not None:
+            self.follow.outage_changed(outage)
 
     # --- the GPUs changed ------------------------------------------------------------------------
     def devices_changed(
@@ -107,6 +112,8 @@ class Lifecycle:
     ) -> None:
         before = self.driver.state.devices
         self._swap_inventory(devices, changes, before)
+        if self.follow is not None:
+            self.follow.devices_changed(devices)
         features = self.features
         if self.publisher is not None and self.publisher.follower is not None:
             self.publisher.follower.set_rebuild(
@@ -269,51 +276,6 @@ def fake_lifecycle(
     return handle
 
 
-def follow_outage(
-    node_health: nodehealth.NodeHealth, outage: driverwatch.Outage, *, restart: Any
-) -> None:
-    """The driver went away: stop the health watcher (it holds NVML); back: ``restart()`` it
-    unless the device change already did."""
-    if outage.gone:
-        old = node_health.watcher
-        node_health.watcher = None
-        if old is not None:
-            old.stop()
-    elif node_health.watcher is None:
-        restart()
-
-
-def restart_watcher(
-    node_health: nodehealth.NodeHealth,
-    devices: model.NodeDevices,
-    *,
-    published: set[str],
-    enabled: bool,
-    nvml_api: Any,
-    metrics: metrics_mod.DriverMetrics,
-    log: structlog.typing.FilteringBoundLogger,
-) -> None:
-    """A new health watcher over ``devices`` (the tracker, its history, stays)."""
-    old = node_health.watcher
-    api = node_health.fake or nvml_api
-    if not enabled or api is None:
-        return
-    new = watcher.Watcher(
-        api=api,
-        gpus=watcher.watched_gpus(devices, published),
-        tracker=node_health.tracker,
-        log=log,
-        observe=metrics.health_event,
-        nvml_error=metrics.nvml_error,
-    )
-    node_health.watcher = None
-    if old is not None:
-        old.stop()
-    new.start()
-    node_health.devices = devices
-    node_health.watcher = new
-
-
 def start(
     settings: PluginSettings,
     *,
@@ -332,6 +294,7 @@ def start(
     features: serverfeatures.ServerFeatures | None = None,
     discover: Callable[[], model.NodeDevices] | None = None,
     hidden: rediscovery.Hidden = rediscovery.never_hidden,
+    follow: Any = None,
 ) -> driverwatch.DriverWatch | None:
     """Start watching the driver (None: the backend has no NVML module to watch).
 
@@ -354,6 +317,7 @@ def start(
         metrics=metrics,
         start_labels=start_labels,
         features=features,
+        follow=follow,
     )
     parts._nvml_api = nvml_api
     watch = driverwatch.DriverWatch(

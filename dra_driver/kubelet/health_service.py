@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -51,41 +51,77 @@ class HealthStreams:
         resend_s: float = RESEND_S,
         poll_s: float = 1.0,
         slots: grpcstreams.StreamSlots | None = None,
+        unknown_kinds: Collection[str] = (),
     ) -> None:
         self.pool_name = pool_name
         self.slots = slots or grpcstreams.StreamSlots(what="DRA health stream")
         self.devices = {name: tuple(keys) for name, keys in sorted(devices.items())}
+        self.vanished: dict[str, str] = {}  # device -> why (held by a claim, its GPU gone)
+        self.generation = 0  # bumped by set_devices: open streams send the new list
+        self.unknown_kinds = frozenset(unknown_kinds)
         self.source = source
         self.log = log
         self.resend_s = resend_s
         self.poll_s = poll_s
         self._stopping = threading.Event()
+        self._lock = threading.Lock()
 
     def stop(self) -> None:
         """End every open stream within ``poll_s`` (shutdown: the server need not wait)."""
         self._stopping.set()
 
+    def set_devices(
+        self, devices: Mapping[str, Sequence[str]], vanished: Mapping[str, str] | None = None
+    ) -> None:
+        """The node's devices now (rediscovery), and the ``vanished`` ones claims still hold
+        (device -> why); every open stream sends the new list within ``poll_s``."""
+        listed = {name: tuple(keys) for name, keys in sorted(devices.items())}
+        gone = {n: why for n, why in (vanished or {}).items() if n not in listed}
+        with self._lock:
+            self.devices, self.vanished = listed, dict(sorted(gone.items()))
+            self.generation += 1
+        self.log.info("health stream devices changed", devices=len(listed), vanished=list(gone))
+
     def response(self, pb: ModuleType, snapshot: health.Snapshot, now: float) -> Any:
         """The full device list under ``snapshot`` as ``pb``'s NodeWatchResourcesResponse."""
         out = pb.NodeWatchResourcesResponse()
-        for name, keys in self.devices.items():
-            reason = snapshot.reason(keys)
-            item = out.devices.add(
-                health=pb.HEALTHY if reason is None else pb.UNHEALTHY,
-                last_updated_time=int(now),
-                health_check_timeout_seconds=TIMEOUT_S,
-                message=(reason or "")[:MAX_MESSAGE],
-            )
-            item.device.pool_name = self.pool_name
-            item.device.device_name = name
+        with self._lock:
+            devices, vanished = self.devices, self.vanished
+        for name, keys in devices.items():
+            self._add(out, pb, name, *self._health(pb, snapshot, keys), now)
+        for name, why in vanished.items():
+            self._add(out, pb, name, pb.UNHEALTHY, why, now)
         return out
+
+    def _health(
+        self, pb: ModuleType, snapshot: health.Snapshot, keys: Sequence[str]
+    ) -> tuple[int, str]:
+        reason = snapshot.reason(keys)
+        if reason is None:
+            return pb.HEALTHY, ""
+        kinds = {c.kind for k in keys for c in snapshot.conditions.get(k, ())}
+        if kinds and kinds <= self.unknown_kinds:
+            return pb.UNKNOWN, reason
+        return pb.UNHEALTHY, reason
+
+    def _add(
+        self, out: Any, pb: ModuleType, name: str, state: int, message: str, now: float
+    ) -> None:
+        item = out.devices.add(
+            health=state,
+            last_updated_time=int(now),
+            health_check_timeout_seconds=TIMEOUT_S,
+            message=message[:MAX_MESSAGE],
+        )
+        item.device.pool_name = self.pool_name
+        item.device.device_name = name
 
     def stream(self, pb: ModuleType, context: grpc.ServicerContext) -> Iterator[Any]:
         with self.slots.slot(context):
             yield from self._stream(pb, context)
 
     def _stream(self, pb: ModuleType, context: grpc.ServicerContext) -> Iterator[Any]:
-        snap = self.source.snapshot()
+        snap, generation = self.source.snapshot(), self.generation
         sent_at = time.monotonic()
         self.log.info("health stream opened", devices=len(self.devices))
         yield self.response(pb, snap, time.time())
@@ -93,6 +129,8 @@ class HealthStreams:
             wait = min(self.poll_s, max(0.0, self.resend_s - (time.monotonic() - sent_at)))
             new = self.source.wait_changed(snap.version, wait)
             changed = new.version != snap.version
+            if self.generation != generation:  # the devices changed (rediscovery)
+                generation, changed = self.generation, True
             if changed or time.monotonic() - sent_at >= self.resend_s:
                 if changed:
                     self.log.info(

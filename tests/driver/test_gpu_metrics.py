@@ -206,3 +206,35 @@ def test_a_scrape_during_100_prepares_answers_quickly(node: Node) -> None:
         metrics.stop()
     assert max(took) < 1000, took  # target 200 ms (benchmarks/gpu_metrics.py); generous here
     assert len(node.driver.state.prepared.snapshot()) == 100
+
+
+def test_the_sampled_gpus_follow_set_devices_and_pause_drops_the_last_sample(node: Node) -> None:
+    backend = fake.FakeBackend.from_name(PROFILE)
+    metrics, devices = _metrics(node, backend)
+    registry = prom.CollectorRegistry()
+    registry.register(metrics)
+    ref = _prepare(node, ["gpu-2"])
+    gpu = next(g for g in devices.gpus if g.name == "gpu-2")
+
+    def telemetry() -> list[Any]:
+        found = _samples(registry).get("dra_driver_gpu_utilization_percent", [])
+        return [s for s in found if s.labels["claim_uid"] == ref.uid]
+
+    metrics.sample_once()
+    assert len(telemetry()) == 1
+    # GPU 2 vanished: its telemetry goes now and it is sampled no more; the claim's info stays.
+    fewer = dataclasses.replace(devices, gpus=[g for g in devices.gpus if g.uuid != gpu.uuid])
+    metrics.set_devices(fewer)
+    assert telemetry() == []
+    assert gpu.uuid not in metrics.sample_once()
+    assert telemetry() == []
+    assert [s.labels["gpu_uuid"] for s in _samples(registry)["dra_driver_claim_device_info"]] == [
+        gpu.uuid
+    ]
+    # Back (a hot-add of the same card): sampled again from the next pass.
+    metrics.set_devices(devices)
+    assert gpu.uuid in metrics.sample_once()
+    assert len(telemetry()) == 1
+    # Paused (the driver away): no frozen value left.
+    metrics.pause()
+    assert telemetry() == []

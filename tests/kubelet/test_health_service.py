@@ -140,3 +140,43 @@ def test_an_open_stream_does_not_hold_up_shutdown(running: Running) -> None:
     else:
         assert rest == []
     kubelet.close()
+
+
+def test_set_devices_resends_the_new_list_with_vanished_and_unknown_devices() -> None:
+    board = health.HealthBoard()
+    streams = health_service.HealthStreams(
+        pool_name="n1",
+        devices={"gpu-0": ("GPU-a",), "gpu-1": ("GPU-b",)},
+        source=board,
+        log=logs.get("test"),
+        resend_s=60,
+        poll_s=0.01,
+        unknown_kinds=("driver-unavailable",),
+    )
+
+    class Context:
+        def is_active(self) -> bool:
+            return True
+
+    stream = streams.stream(v1_pb2, Context())  # type: ignore[arg-type]
+    assert set(by_name(next(stream))) == {"gpu-0", "gpu-1"}
+    # gpu-1's GPU vanished under a claim, gpu-2 was hot-added: sent without a health change.
+    streams.set_devices(
+        {"gpu-0": ("GPU-a",), "gpu-2": ("GPU-c",)}, vanished={"gpu-1": "its GPU vanished"}
+    )
+    assert by_name(next(stream)) == {
+        "gpu-0": (v1_pb2.HEALTHY, ""),
+        "gpu-2": (v1_pb2.HEALTHY, ""),
+        "gpu-1": (v1_pb2.UNHEALTHY, "its GPU vanished"),
+    }
+    # The driver away (its condition only): Unknown; with a real failure too: Unhealthy.
+    away = health.Condition(
+        kind="driver-unavailable", value="not-loaded", effect="NoSchedule", message="gone"
+    )
+    xid = health.Condition(kind="xid", value="79", effect="NoExecute", message="XID 79")
+    board.update_many(lambda now: {"GPU-a": [away], "GPU-c": [away, xid]})
+    update = by_name(next(stream))
+    assert update["gpu-0"][0] == v1_pb2.UNKNOWN and "GPU-a" in update["gpu-0"][1]
+    assert update["gpu-2"][0] == v1_pb2.UNHEALTHY
+    streams.stop()
+    assert list(stream) == []
