@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from dra_driver import (
+    driverrelease,
     driverwatch,
     gpumetrics,
     health_server,
@@ -270,6 +271,15 @@ def run(
             log.error("cannot take part in publishing; NOT publishing", error=str(exc))
         node_labels = start_node_labels(settings, devices=devices, api=api, source=board, log=log)
         labels.part = node_labels
+        release = driverrelease.Release(  # NVML let go of for a driver upgrade
+            proc_dir=settings.proc_dir,
+            deadline_s=settings.nvml_release_deadline_s,
+            backend=backend,
+            log=log.bind(component="driver-watch"),
+            registry=metrics.registry,
+            fake=node_health.fake,
+        )
+        node_health.release = release.handle
         driver_watch = lifecycleparts.start(
             settings,
             backend=backend,
@@ -298,6 +308,7 @@ def run(
                 dynamic=settings.dynamic,
                 log=log.bind(component="driver-watch"),
             ),
+            make_watch=release.make_watch,
         )
         if settings.compute_domains is not None:
             # The second driver, compute-domain.nvidia.com (docs/computedomains.md): its ~10

@@ -50,6 +50,9 @@ DRIVER_GONE: dict[type[Exception], str] = {
 }
 
 
+RELEASED = "released"  # the outage reason of an NVML release (dra_driver.driverrelease)
+
+
 def driver_gone(exc: BaseException) -> str | None:
     """The outage reason ``exc`` stands for (a :data:`DRIVER_GONE` value), None otherwise."""
     for kind, reason in DRIVER_GONE.items():
@@ -70,6 +73,8 @@ class Outage:
     def message(self) -> str:
         if not self.gone:
             return ""
+        if self.reason == RELEASED:  # asked for (driverrelease): the detail says why
+            return self.detail
         text = DRIVER_GONE_MESSAGE
         if self.reason == "version-mismatch":
             text += (
@@ -220,9 +225,10 @@ class DriverWatch:
             self._rescan()
 
     # --- outage -----------------------------------------------------------------------------------
-    def _enter(self, exc: BaseException) -> None:
-        reason = driver_gone(exc) or "not-loaded"
-        outage = Outage(gone=True, reason=reason, detail=nvml.describe(exc), since=self._clock())
+    def _enter(self, exc: BaseException, reason: str = "") -> None:
+        reason = reason or driver_gone(exc) or "not-loaded"
+        detail = str(exc) if reason == RELEASED else nvml.describe(exc)
+        outage = Outage(gone=True, reason=reason, detail=detail, since=self._clock())
         with self._lock:
             self._outage = outage
         self._delay = self._backoff_s

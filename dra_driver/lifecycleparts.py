@@ -238,7 +238,7 @@ def fake_lifecycle(
         action = req.get("action")
         try:
             if action == "driver-unload":
-                fake.unload(str(req.get("mode") or "not-loaded"))
+                fake.unload(str(req.get("mode") or "not-loaded"), rmmod=bool(req.get("rmmod")))
                 message = f"NVIDIA driver unloaded ({req.get('mode') or 'not-loaded'})"
             elif action == "driver-load":
                 version = req.get("driverVersion")
@@ -295,6 +295,7 @@ def start(
     discover: Callable[[], model.NodeDevices] | None = None,
     hidden: rediscovery.Hidden = rediscovery.never_hidden,
     follow: Any = None,
+    make_watch: Callable[..., driverwatch.DriverWatch] = driverwatch.DriverWatch,
 ) -> driverwatch.DriverWatch | None:
     """Start watching the driver (None: the backend has no NVML module to watch).
 
@@ -320,7 +321,7 @@ def start(
         follow=follow,
     )
     parts._nvml_api = nvml_api
-    watch = driverwatch.DriverWatch(
+    watch = make_watch(  # driverrelease.Release.make_watch: one that can release NVML
         api=nvml_api,
         discover=discover or backend.discover,
         devices=devices,

@@ -76,6 +76,8 @@ class NodeHealth:
     _unsubscribe: Any = None
     # Answers ``{"op": "lifecycle", ...}`` (the driver and GPUs of a fake node, driverwatch).
     lifecycle: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    # Answers ``nvml-release`` / ``nvml-resume`` (dra_driver.driverrelease).
+    release: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
 
     def stop(self) -> None:
         if self.control is not None:
@@ -89,16 +91,21 @@ class NodeHealth:
     def handle(self, req: Mapping[str, Any]) -> dict[str, Any]:
         op = req.get("op")
         if op == "status":
-            return {
+            answer = {
                 "ok": True,
                 "fake": self.fake is not None,
                 "watching": self.watcher is not None,
                 "devices": [s.to_dict() for s in self.tracker.status()],
             }
+            if self.fake is not None:  # what the fake kernel counts (rmmod needs 0)
+                answer.update(nvmlInits=self.fake.open_inits, nvmlInitCalls=self.fake.init_calls)
+            return answer
         if op == "inject":
             return self._inject(req)
         if op == "lifecycle" and self.lifecycle is not None:
             return self.lifecycle(req)
+        if op in ("nvml-release", "nvml-resume") and self.release is not None:
+            return self.release(req)
         return {"ok": False, "error": f"unknown op {op!r}: use status or inject"}
 
     def _inject(self, req: Mapping[str, Any]) -> dict[str, Any]:

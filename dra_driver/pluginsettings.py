@@ -76,6 +76,11 @@ class PluginSettings:
     # whose sys/ and dev/ the agent binds them through (--vfio-root; a fake kernel's in tests).
     passthrough: str = "none"
     vfio_root: Path = Path("/")
+    # The NVIDIA kernel module's /proc directory, read while NVML is released for a driver
+    # upgrade (--nvidia-proc-dir; None: /proc/driver/nvidia, a fake node's own under fake);
+    # the release ends by itself after nvml_release_deadline_s (docs/lifecycle.md).
+    nvidia_proc_dir: Path | None = None
+    nvml_release_deadline_s: float = 900.0
 
     @property
     def plugin_dir(self) -> Path:
@@ -126,6 +131,13 @@ class PluginSettings:
     def fake_mig_state(self) -> Path:
         """Fake nodes: where the NVML stand-in keeps MIG instances (they outlive the agent)."""
         return self.plugin_dir / "fake-mig-state.json"
+
+    @property
+    def proc_dir(self) -> Path:
+        """Where the driver's ``version`` file is read (fake nodes: the stand-in writes it)."""
+        if self.nvidia_proc_dir is not None:
+            return self.nvidia_proc_dir
+        return self.plugin_dir / "fake-proc-nvidia" if self.fake else Path("/proc/driver/nvidia")
 
     @property
     def _short_id(self) -> str:

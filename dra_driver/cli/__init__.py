@@ -32,6 +32,7 @@ SUMMARIES = {
     "kubelet-plugin": "run the node agent: kubelet DRA plugin and slice publisher",
     "device-plugin": "serve nvidia.com/gpu through the kubelet device plugin API",
     "fake-event": "make a fake GPU of a running node agent fail or recover (fake nodes)",
+    "nvml-release": "make a running node agent let go of NVML for a driver upgrade (or resume)",
     "doctor": "check what the API server serves and keeps of our slices, and our RBAC",
     "controller": "run the ComputeDomain controller (multi-node NVLink, IMEX)",
     "imex-daemon": "run NVIDIA's IMEX daemon in a ComputeDomain daemon pod, report readiness",

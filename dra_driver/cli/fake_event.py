@@ -63,6 +63,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     what.add_argument(
         "--driver-load", action="store_true", help="the NVIDIA driver is loaded again"
     )
+    parser.add_argument(
+        "--rmmod",
+        action="store_true",
+        help="with --driver-unload: unload as `rmmod nvidia` does, refused while the agent "
+        "holds NVML (release it first: `dra-driver nvml-release`)",
+    )
     what.add_argument(
         "--gpu-remove", type=int, metavar="N", help="GPU index N falls off the bus for good"
     )
@@ -103,6 +109,8 @@ def request_from(args: argparse.Namespace) -> dict[str, Any]:
         return lifecycle
     if args.driver_version:
         raise common.UsageError("--driver-version goes with --driver-load")
+    if args.rmmod:
+        raise common.UsageError("--rmmod goes with --driver-unload")
     if args.gpu is None:
         raise common.UsageError("--gpu is required for a GPU health event")
     req: dict[str, Any] = {"op": "inject", "gpu": args.gpu}
@@ -141,6 +149,8 @@ def _lifecycle(args: argparse.Namespace) -> dict[str, Any] | None:
     req: dict[str, Any] = {"op": "lifecycle"}
     if args.driver_unload:
         req.update(action="driver-unload", mode=args.driver_unload)
+        if args.rmmod:
+            req["rmmod"] = True
     elif args.driver_load:
         req["action"] = "driver-load"
         if args.driver_version:
@@ -163,6 +173,8 @@ def _lifecycle(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     if args.gpu is not None:
         raise common.UsageError("--gpu goes with the GPU health events, not the lifecycle flags")
+    if args.rmmod and req["action"] != "driver-unload":
+        raise common.UsageError("--rmmod goes with --driver-unload")
     if args.driver_version and req["action"] != "driver-load":
         raise common.UsageError("--driver-version goes with --driver-load")
     if args.action or args.mig:

@@ -163,6 +163,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(utilization, memory, power, temperature; docs/metrics.md) "
         "(env GPU_METRICS_INTERVAL; default 15; 0 = off)",
     )
+    parser.add_argument(
+        "--nvidia-proc-dir",
+        type=Path,
+        default=env_default("NVIDIA_PROC_DIR"),
+        help="the NVIDIA kernel module's /proc directory, whose version file is read while "
+        "NVML is released for a driver upgrade (env NVIDIA_PROC_DIR; default "
+        "/proc/driver/nvidia; docs/lifecycle.md)",
+    )
+    parser.add_argument(
+        "--nvml-release-deadline",
+        type=_seconds,
+        default=env_default("NVML_RELEASE_DEADLINE", "900"),
+        metavar="SECONDS",
+        help="after `dra-driver nvml-release`, initialise NVML again after this long even if "
+        "the driver was not reloaded (env NVML_RELEASE_DEADLINE; default 900)",
+    )
     common.add_dynamic_mig_flag(parser)
     common.add_backend_flags(parser)
     common.add_shareable_flag(parser)
@@ -251,6 +267,8 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         **mpsflags.settings_from(args),
         passthrough=common.passthrough_from(args).text,
         vfio_root=args.vfio_root,
+        nvidia_proc_dir=args.nvidia_proc_dir,
+        nvml_release_deadline_s=args.nvml_release_deadline,
     )
 
 

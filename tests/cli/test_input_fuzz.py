@@ -56,6 +56,9 @@ NOT_READ = {
     ("device-plugin", "--driver-root"),
     ("fake-event", "--kubelet-plugins-dir"),
     ("fake-event", "--device-plugin-dir"),
+    ("nvml-release", "--kubelet-plugins-dir"),
+    ("nvml-release", "--device-plugin-dir"),
+    ("kubelet-plugin", "--nvidia-proc-dir"),  # a kernel file's text, compared, never parsed
     ("doctor", "--kubeconfig"),
     ("controller", "--kubeconfig"),
     ("imex-daemon", "--config-dir"),

@@ -39,6 +39,11 @@ class FakeBackend:
         """GPU telemetry from the stand-in (the real sampler over fake NVML)."""
         return nvml.NvmlSampler(self.nvml)
 
+    def close(self) -> None:
+        """Release the NVML initialisation discovery took (a release for an upgrade)."""
+        if self._backend is not None:
+            self._backend.close()
+
     def discover(self) -> model.NodeDevices:
         if self._backend is None:
             self._backend = nvml.PynvmlBackend.create(

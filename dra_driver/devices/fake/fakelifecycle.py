@@ -13,6 +13,13 @@ library does, with pynvml's own exception classes:
 * :meth:`FakeDriverLifecycle.load` — the driver is back, with a new version when given. Earlier
   initialisations are gone (calls raise ``Uninitialized`` until the process calls ``nvmlInit``
   again) and so are event sets made before the unload (``InvalidArgument``).
+* ``unload(rmmod=True)`` — a real upgrade's ``rmmod nvidia``: refused, as the kernel refuses it
+  ("Module nvidia is in use"), while the process holds any NVML initialisation
+  (:attr:`FakeDriverLifecycle.open_inits`; :attr:`init_calls` counts every ``nvmlInit`` tried).
+  The agent must release NVML first (:mod:`dra_driver.driverrelease`).
+* The kernel module's version file: with :meth:`FakeDriverLifecycle.use_proc_dir` the stand-in
+  keeps ``<dir>/version`` as ``/proc/driver/nvidia/version`` is kept: there while the driver is
+  loaded (with its version), gone while it is unloaded, rewritten by a load.
 * :meth:`FakeDriverLifecycle.remove_gpu` / :meth:`FakeDriverLifecycle.add_gpu` — the profile
   changes under the running process: NVML indices are renumbered as NVML does, UUIDs, PCI
   addresses and minor numbers of the other GPUs stay.
@@ -26,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid as uuidlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dra_driver.devices import nvml
@@ -62,11 +70,34 @@ class FakeDriverLifecycle:
     def _init_lifecycle(self) -> None:
         self._outage: str | None = None
         self.driver_loads = 0  # loads after an unload (tests)
+        self.init_calls = 0  # every nvmlInit tried (FakeNvml.nvmlInit counts)
+        self.proc_dir: Path | None = None
         self._added = 0
 
     @property
     def driver_loaded(self) -> bool:
         return self._outage is None
+
+    @property
+    def open_inits(self) -> int:
+        """NVML initialisations the process holds now (each keeps the device files open)."""
+        return max(0, self._inits)
+
+    def use_proc_dir(self, path: Path) -> None:
+        """Keep the driver's version file in ``path`` (a fake ``/proc/driver/nvidia``)."""
+        self.proc_dir = path
+        self._write_version()
+
+    def _write_version(self) -> None:
+        if self.proc_dir is None:
+            return
+        version = self.proc_dir / "version"
+        if self._outage is not None:
+            version.unlink(missing_ok=True)
+            return
+        self.proc_dir.mkdir(parents=True, exist_ok=True)
+        text = f"NVRM version: NVIDIA UNIX Kernel Module  {self.profile.driver_version}  (fake)\n"
+        version.write_text(text)
 
     def _driver_check(self, *, init: bool = False) -> None:
         """Raise what NVML raises while the driver is away (``init``: from ``nvmlInit``)."""
@@ -75,10 +106,16 @@ class FakeDriverLifecycle:
             raise OUTAGE_MODES[mode][1 if init else 0]()
 
     # --- the driver -----------------------------------------------------------------------------
-    def unload(self, mode: str = "not-loaded") -> None:
-        """The kernel driver goes away (``mode``: one of :data:`OUTAGE_MODES`)."""
+    def unload(self, mode: str = "not-loaded", *, rmmod: bool = False) -> None:
+        """The kernel driver goes away (``mode``: one of :data:`OUTAGE_MODES`); ``rmmod``: as
+        a real unload, refused while any NVML initialisation is open."""
         if mode not in OUTAGE_MODES:
             raise LifecycleError(f"unknown outage mode {mode!r}: one of {', '.join(OUTAGE_MODES)}")
+        if rmmod and self.open_inits:
+            raise LifecycleError(
+                f"rmmod: ERROR: Module nvidia is in use ({self.open_inits} NVML "
+                "initialisation(s) open in the node agent: release NVML first)"
+            )
         with self._events:
             self._outage = mode
             self._inits = 0
@@ -87,6 +124,7 @@ class FakeDriverLifecycle:
                 if event_set.registered:
                     event_set.queue.append(error)
             self._events.notify_all()
+        self._write_version()
 
     def load(self, driver_version: str | None = None, cuda_version: str | None = None) -> None:
         """The driver is loaded again (``driver_version``: a new one, e.g. after an upgrade)."""
@@ -107,6 +145,7 @@ class FakeDriverLifecycle:
                 self.driver_loads += 1
             self.profile = profile
             self._events.notify_all()
+        self._write_version()
 
     # --- GPUs on the bus ------------------------------------------------------------------------
     def remove_gpu(self, index: int) -> str:

@@ -171,6 +171,7 @@ class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth, fakelifecycle.F
 
     # --- system -------------------------------------------------------------------------------
     def nvmlInit(self) -> None:
+        self.init_calls += 1  # attempts too: a released agent must make none (fakelifecycle)
         self._driver_check(init=True)
         if self.init_error is not None:
             _raise(self.init_error)
