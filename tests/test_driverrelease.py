@@ -3,11 +3,14 @@ without NVML, when a release ends, the backend's init given back once, the fake 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import prometheus_client as prom
 import pytest
 
-from dra_driver import driverrelease
+from dra_driver import driverrelease, logs
+from dra_driver.devices import health
 from dra_driver.devices.fake import FakeBackend, fakelifecycle
 
 
@@ -71,3 +74,53 @@ def test_the_fake_kernel_refuses_rmmod_while_an_init_is_open(tmp_path: Path) -> 
     calls = fake.init_calls
     fake.load(driver_version="590.10.01")
     assert "590.10.01" in version.read_text() and fake.init_calls == calls
+
+
+def test_a_release_in_the_watch_thread_then_the_deadline_resumes_it() -> None:
+    backend = FakeBackend.from_name("dgx-h100")
+    devices = backend.discover()
+    fake = backend.nvml
+    now = [0.0]
+    release = driverrelease.Release(
+        proc_dir=Path("/nonexistent/proc/driver/nvidia"),  # not readable: deadline or ask only
+        deadline_s=60.0,
+        backend=backend,
+        log=logs.get("test"),
+        registry=prom.CollectorRegistry(),
+        clock=lambda: now[0],
+    )
+    assert release.handle({"op": "nvml-release"})["ok"] is False  # no watch yet
+    board = health.HealthBoard()
+    watch = release.make_watch(
+        api=fake,
+        discover=backend.discover,
+        devices=devices,
+        board=board,
+        log=logs.get("test"),
+        on_devices=lambda *args: None,
+        poll_s=0.01,
+        backoff_s=0.01,
+    )
+    watch.start()
+    try:
+        assert fake.open_inits == 2  # the backend's and the watch's
+        answer = release.handle({"op": "nvml-release"})
+        assert answer["released"] and fake.open_inits == 0
+        assert watch.outage.reason == "released" and not watch.available()
+        snap = board.snapshot()
+        assert all(c.value == "released" for g in devices.gpus for c in snap.conditions[g.uuid])
+        calls = fake.init_calls
+        for _ in range(20):  # turns of the watch: it reads the file, never calls nvmlInit
+            watch.wake()
+            time.sleep(0.01)
+        assert fake.init_calls == calls and release.state is not None
+        now[0] = 60.0  # the deadline
+        began = time.monotonic()
+        while not watch.available():
+            assert time.monotonic() - began < 10, "not resumed"
+            time.sleep(0.01)
+        assert fake.init_calls > calls and fake.open_inits == 1  # the watch's only
+        assert board.snapshot().conditions.get(devices.gpus[0].uuid, ()) == ()
+    finally:
+        watch.stop()
+    assert fake.open_inits == 0
