@@ -90,6 +90,7 @@ class GpuMetrics(prom_registry.Collector):
         self._uuids = tuple(g.uuid for g in devices.gpus)
         self._models = {g.uuid: g.product_name for g in devices.gpus}
         self._lock = threading.Lock()
+        self._reset_due = False
         self._last: Mapping[str, backend.GpuSample] = {}
         self._last_at = 0.0
         self._last_seconds = 0.0
@@ -119,6 +120,7 @@ class GpuMetrics(prom_registry.Collector):
             self._uuids = uuids
             self._models = {g.uuid: g.product_name for g in devices.gpus}
             self._last = {u: s for u, s in self._last.items() if u in uuids}
+            self._reset_due = True
 
     def pause(self) -> None:
         """Stop sampling (the NVIDIA driver is away or released: no NVML calls) and drop the
@@ -129,6 +131,7 @@ class GpuMetrics(prom_registry.Collector):
             thread.join(timeout=10)
         with self._lock:
             self._last = {}
+            self._reset_due = True  # handles from before nvmlShutdown are not used again
 
     def resume(self) -> None:
         """Sample again after :meth:`pause` (a no-op while sampling)."""
@@ -159,7 +162,10 @@ class GpuMetrics(prom_registry.Collector):
             return {}
         start = time.perf_counter()
         with self._lock:
-            uuids = self._uuids
+            uuids, reset, self._reset_due = self._uuids, self._reset_due, False
+        forget = getattr(self.sampler, "reset", None)  # the sampler's handles (NvmlSampler)
+        if reset and callable(forget):
+            forget()
         found = self.sampler.sample(uuids)
         seconds = time.perf_counter() - start
         first: list[tuple[str, str]] = []

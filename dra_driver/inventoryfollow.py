@@ -69,7 +69,7 @@ class Followers:
             before = self.streams.devices
             now = stream_devices(devices, self._dynamic)
             gone = vanished(before, now, self.streams.vanished, self._held())
-            self.streams.set_devices(now, gone)
+            self.streams.set_devices(now, gone, held=lambda: set(self._held()))
         if self.gpu_metrics is not None:
             self.gpu_metrics.set_devices(devices)
 

@@ -26,6 +26,10 @@ class NvmlSampler:
         self._nvml = api
         self._handles: dict[str, Any] = {}
 
+    def reset(self) -> None:
+        """Forget the handles (NVML was shut down, or the GPUs changed): looked up again."""
+        self._handles.clear()
+
     def sample(self, uuids: Sequence[str]) -> dict[str, backend.GpuSample]:
         return {uuid: self._one(uuid) for uuid in uuids}
 

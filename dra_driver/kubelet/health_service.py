@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -65,20 +65,26 @@ class HealthStreams:
         self.poll_s = poll_s
         self._stopping = threading.Event()
         self._lock = threading.Lock()
+        self._held: Callable[[], Collection[str]] | None = None
 
     def stop(self) -> None:
         """End every open stream within ``poll_s`` (shutdown: the server need not wait)."""
         self._stopping.set()
 
     def set_devices(
-        self, devices: Mapping[str, Sequence[str]], vanished: Mapping[str, str] | None = None
+        self,
+        devices: Mapping[str, Sequence[str]],
+        vanished: Mapping[str, str] | None = None,
+        held: Callable[[], Collection[str]] | None = None,
     ) -> None:
         """The node's devices now (rediscovery), and the ``vanished`` ones claims still hold
-        (device -> why); every open stream sends the new list within ``poll_s``."""
+        (device -> why; listed while ``held()``, the devices prepared claims hold, has them);
+        every open stream sends the new list within ``poll_s``."""
         listed = {name: tuple(keys) for name, keys in sorted(devices.items())}
         gone = {n: why for n, why in (vanished or {}).items() if n not in listed}
         with self._lock:
             self.devices, self.vanished = listed, dict(sorted(gone.items()))
+            self._held = held
             self.generation += 1
         self.log.info("health stream devices changed", devices=len(listed), vanished=list(gone))
 
@@ -86,7 +92,10 @@ class HealthStreams:
         """The full device list under ``snapshot`` as ``pb``'s NodeWatchResourcesResponse."""
         out = pb.NodeWatchResourcesResponse()
         with self._lock:
-            devices, vanished = self.devices, self.vanished
+            devices, vanished, held = self.devices, self.vanished, self._held
+        if vanished and held is not None:  # a claim unprepared since: no longer listed
+            still = set(held())
+            vanished = {n: why for n, why in vanished.items() if n in still}
         for name, keys in devices.items():
             self._add(out, pb, name, *self._health(pb, snapshot, keys), now)
         for name, why in vanished.items():

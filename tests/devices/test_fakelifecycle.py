@@ -106,3 +106,17 @@ def test_unknown_outage_mode_is_refused(node: FakeBackend) -> None:
     with pytest.raises(fakelifecycle.LifecycleError, match="unknown outage mode"):
         node.nvml.unload("sideways")
     assert node.nvml.driver_loaded
+
+
+def test_a_handle_follows_its_gpu_when_another_is_removed_and_a_removed_gpus_is_lost(
+    node: FakeBackend,
+) -> None:
+    fake = node.nvml
+    last = fake.nvmlDeviceGetHandleByIndex(7)
+    gone = fake.nvmlDeviceGetHandleByIndex(3)
+    minor = fake.nvmlDeviceGetMinorNumber(last)
+    uuid = fake.nvmlDeviceGetUUID(last)
+    fake.remove_gpu(3)  # NVML renumbers: the last GPU is index 6 now
+    assert fake.nvmlDeviceGetUUID(last) == uuid and fake.nvmlDeviceGetMinorNumber(last) == minor
+    with pytest.raises(nvml.NVMLError_GpuIsLost):
+        fake.nvmlDeviceGetUtilizationRates(gone)

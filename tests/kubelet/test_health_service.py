@@ -161,8 +161,11 @@ def test_set_devices_resends_the_new_list_with_vanished_and_unknown_devices() ->
     stream = streams.stream(v1_pb2, Context())  # type: ignore[arg-type]
     assert set(by_name(next(stream))) == {"gpu-0", "gpu-1"}
     # gpu-1's GPU vanished under a claim, gpu-2 was hot-added: sent without a health change.
+    held = {"gpu-1"}
     streams.set_devices(
-        {"gpu-0": ("GPU-a",), "gpu-2": ("GPU-c",)}, vanished={"gpu-1": "its GPU vanished"}
+        {"gpu-0": ("GPU-a",), "gpu-2": ("GPU-c",)},
+        vanished={"gpu-1": "its GPU vanished"},
+        held=lambda: held,
     )
     assert by_name(next(stream)) == {
         "gpu-0": (v1_pb2.HEALTHY, ""),
@@ -178,5 +181,8 @@ def test_set_devices_resends_the_new_list_with_vanished_and_unknown_devices() ->
     update = by_name(next(stream))
     assert update["gpu-0"][0] == v1_pb2.UNKNOWN and "GPU-a" in update["gpu-0"][1]
     assert update["gpu-2"][0] == v1_pb2.UNHEALTHY
+    assert "gpu-1" in update
+    held.clear()  # its claim unprepared: gone from the next list
+    assert "gpu-1" not in by_name(streams.response(v1_pb2, board.snapshot(), 0))
     streams.stop()
     assert list(stream) == []

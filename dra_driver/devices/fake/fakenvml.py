@@ -32,6 +32,7 @@ _NO_TELEMETRY = profiles.Telemetry()
 class _Device:
     index: int
     pos: int
+    uuid: str = ""  # the GPU looked up: the handle follows it when others come and go
 
 
 def _raise(failure: Failure) -> None:
@@ -155,7 +156,15 @@ class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth, fakelifecycle.F
         handle = self._resolve(handle)
         if not isinstance(handle, _Device):
             raise nvml.NVMLError_InvalidArgument()
-        return handle
+        gpus = self.profile.gpus
+        if not handle.uuid or (
+            handle.pos < len(gpus) and self.profile.gpu_uuid(handle.pos) == handle.uuid
+        ):
+            return handle
+        for pos in range(len(gpus)):  # another GPU was removed or added: renumbered
+            if self.profile.gpu_uuid(pos) == handle.uuid:
+                return _Device(index=self.profile.gpu_index(pos), pos=pos, uuid=handle.uuid)
+        raise nvml.NVMLError_GpuIsLost()  # its GPU is off the bus, as real NVML says
 
     def _spec(self, dev: _Device) -> profiles.GpuSpec:
         return self.profile.gpus[dev.pos]
@@ -198,7 +207,8 @@ class FakeNvml(fakemigdev.FakeMigDevices, fakefaults.FakeHealth, fakelifecycle.F
         self._enter("nvmlDeviceGetHandleByIndex", index)
         if index not in self._pos:
             raise nvml.NVMLError_InvalidArgument()
-        return _Device(index=index, pos=self._pos[index])
+        pos = self._pos[index]
+        return _Device(index=index, pos=pos, uuid=self.profile.gpu_uuid(pos))
 
     # --- one GPU ------------------------------------------------------------------------------
     def nvmlDeviceGetMinorNumber(self, handle: object) -> int:
