@@ -285,6 +285,8 @@ def test_rbac_is_exactly_what_the_agent_calls(rc: ModuleType) -> None:
         ("resource.k8s.io", "resourceclaims/driver"): ["associated-node:patch"],
         ("resource.k8s.io", "resourceslices"): ["create", "delete", "list", "update", "watch"],
         ("", "nodes"): ["get", "patch"],  # patch: the Node's GPU labels
+        # a Warning Event on a claim whose device vanished: create only, never read
+        ("events.k8s.io", "events"): ["create"],
         # ranks follow allocations: the Pods bound to its node, read as that node (only)
         ("authentication.k8s.io", "nodes"): ["impersonate:associated-node"],
         ("", "pods"): [
