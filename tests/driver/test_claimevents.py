@@ -228,3 +228,15 @@ def test_a_vanished_gpu_is_the_loss_of_its_mig_devices_too() -> None:
     assert changes.mig_destroyed == ()  # the GPU is gone, not its MIG devices alone
     (loss,) = vanished.losses(mig_record(held.name, held.uuid), before, changes)
     assert loss == claimevents.Loss(device=held.name, uuids=(parent,), mig=False)
+
+
+def test_clean_at_start_names_a_static_mig_device_destroyed_while_the_agent_was_down() -> None:
+    backend = FakeBackend.from_name("a100-mig")
+    held = inventory.build(backend.discover(), mig_minors=None).devices["gpu-0-mig-3g-20gb-4"]
+    backend.nvml.destroy_mig(0, 4)
+    devices = inventory.build(backend.discover(), mig_minors=None)
+    state = State(Store([mig_record(held.name, held.uuid)]), devices)
+    api = memory.InMemoryApi()
+    vanished.clean_at_start(state, api=api, driver_name="gpu.nvidia.com", node_name="n1")
+    (event,) = api.list_events("team")
+    assert f"MIG device {held.name} ({held.uuid}) was destroyed" in event["note"]
