@@ -401,6 +401,34 @@ def test_a_claims_static_mig_device_destroyed_behind_the_drivers_back_is_reporte
         node.proc.kill()
 
 
+def test_dynamic_migs_own_instances_coming_and_going_are_never_reported(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    node = start(short_dir, apiserver, "--fake", "h100-mig", "--dynamic-mig", "all")
+    try:
+        held = put_claim(
+            node.server, "held", ["gpu-0-mig-1g-10gb-0"], device_class="mig.nvidia.com"
+        )
+        assert node.kubelet.prepare([held]).claims[held.uid].error == ""
+        node.fake_event("--gpu-add")  # a rediscovery that sees the instance made for it
+        node.wait(lambda: node.proc.log().count('"GPUs changed under the running agent') == 1)
+        assert node.kubelet.unprepare([held]).claims[held.uid].error == ""  # destroyed by us
+        node.fake_event("--gpu-add")  # a rediscovery that finds it gone
+        node.wait(lambda: node.proc.log().count('"GPUs changed under the running agent') == 2)
+        node.wait(node.whole_pool)
+        time.sleep(0.5)
+        log = node.proc.log()
+        seen = [json.loads(x) for x in log.splitlines() if '"GPUs changed under' in x]
+        # Both rediscoveries saw GPU 0's MIG devices change: the instance made, then gone.
+        uuid0 = node.devices()["gpu-0"]["attributes"]["uuid"]["string"]
+        assert [x["changed"] for x in seen] == [[uuid0], [uuid0]]
+        assert "MIG device was destroyed" not in log and "claim's GPU vanished" not in log
+        assert node.server.api.list_events("team") == []
+    finally:
+        node.kubelet.close()
+        node.proc.kill()
+
+
 def test_a_server_that_drops_taints_gets_the_gpus_withdrawn_instead(short_dir: Path) -> None:
     server = fakeserver.FakeApiServer(disabled_gates={"DRADeviceTaints"}).start()
     try:
