@@ -146,14 +146,22 @@ def build_driver(
     if locks is None:
         claim_state.recover()
         vanished.clean_at_start(
-            claim_state, api=api, driver_name=settings.driver_name, hidden=hidden
+            claim_state,
+            api=api,
+            driver_name=settings.driver_name,
+            node_name=settings.node_name,
+            hidden=hidden,
         )
     else:
         claim_state.ownership = instances.SharedOwnership(store=store, locks=locks)
         with locks.exclusive():  # never while the other instance is inside a claim
             claim_state.recover()
             vanished.clean_at_start(
-                claim_state, api=api, driver_name=settings.driver_name, hidden=hidden
+                claim_state,
+                api=api,
+                driver_name=settings.driver_name,
+                node_name=settings.node_name,
+                hidden=hidden,
             )
     driver = driver_mod.Driver(
         claim_state=claim_state,

@@ -12,8 +12,10 @@ gains one call (docs/lifecycle.md):
   rebuilt from the new devices, the preparable devices follow them (a device a prepared claim
   still holds on a vanished GPU stays known, refused to new claims, so unprepare works), the
   Node's labels and the health watcher restart on the new devices, and each prepared claim
-  whose GPU vanished is reported: a warning naming the claim and a ``Ready=False`` condition
-  (reason ``GpuVanished``) in its ``status.devices``. It is never re-prepared elsewhere.
+  whose GPU vanished (or whose static MIG device an admin destroyed) is reported: a warning
+  naming the claim, a ``Ready=False`` condition (reason ``GpuVanished``) in its
+  ``status.devices`` and a Warning Event on it (:mod:`~dra_driver.driver.claimevents`). It is
+  never re-prepared elsewhere.
 
 On fake nodes it also answers the health socket's ``lifecycle`` op, through which
 ``dra-driver fake-event --driver-unload`` and friends change the fake driver and GPUs.
@@ -31,7 +33,7 @@ import structlog
 from dra_driver import driverwatch, health_server, logs, nodehealth
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices import health, model, rediscovery
-from dra_driver.driver import claims, claimstatus, inventory, vanished
+from dra_driver.driver import claimevents, claims, claimstatus, inventory, vanished
 from dra_driver.driver import driver as driver_mod
 from dra_driver.kube import api as kube
 from dra_driver.pluginsettings import PluginSettings
@@ -140,15 +142,17 @@ class Lifecycle:
         mig_minors = None if self.settings.fake else inventory.read_mig_minors()
         built = inventory.build(devices, mig_minors=mig_minors, dynamic=self.settings.dynamic)
         gone = {g.uuid for g in changes.vanished}
+        destroyed = {m.uuid for m in changes.mig_destroyed}
         kept = dict(built.devices)
         for record in self.driver.state.store.records():
             for dev in record.devices:
                 old = before.devices.get(dev.deviceName)
                 if old is None or dev.deviceName in kept:
                     continue
-                kept[dev.deviceName] = dataclasses.replace(
-                    old, problem=f"its GPU vanished from this node ({old.uuid})"
-                )
+                problem = f"its GPU vanished from this node ({old.uuid})"
+                if old.uuid in destroyed:
+                    problem = f"its MIG device was destroyed behind the driver's back ({old.uuid})"
+                kept[dev.deviceName] = dataclasses.replace(old, problem=problem)
         for name, known in list(kept.items()):
             if known.uuid in gone and not known.problem:
                 kept[name] = dataclasses.replace(known, problem="its GPU vanished from this node")
@@ -187,32 +191,44 @@ class Lifecycle:
     _nvml_api: Any = None
 
     def _report_vanished(self, changes: rediscovery.Changes, before: inventory.Inventory) -> None:
-        gone = {g.uuid for g in changes.vanished}
-        if not gone:
+        if not changes.vanished and not changes.mig_destroyed:
             return
-        minors = {g.minor: g.uuid for g in before.node.gpus} if before.node is not None else {}
-        minors.update({g.minor: g.uuid for g in changes.vanished})
+        events: list[tuple[claims.ClaimRef, list[claimevents.Loss]]] = []
         for record in self.driver.state.store.records():
-            lost = [
-                d.deviceName
-                for d in record.devices
-                if _gpu_uuids(before.get(d.deviceName), minors) & gone
-            ]
-            if not lost or record.uid in self.vanished_reported:
+            losses = vanished.losses(record, before, changes)
+            if not losses or record.uid in self.vanished_reported:
                 continue
             self.vanished_reported.add(record.uid)
+            lost = [x.device for x in losses]
             ref = claims.ClaimRef(uid=record.uid, namespace=record.namespace, name=record.name)
             clog = logs.claim_logger(self.log, uid=ref.uid, namespace=ref.namespace, name=ref.name)
-            clog.warning(
-                "a prepared claim's GPU vanished; the claim is not re-prepared elsewhere",
-                devices=lost,
-            )
+            if all(x.mig for x in losses):
+                clog.warning(
+                    "a prepared claim's MIG device was destroyed behind the driver's back; "
+                    "the claim is not re-prepared elsewhere",
+                    devices=lost,
+                    uuids=[u for x in losses for u in x.uuids],
+                )
+            else:
+                clog.warning(
+                    "a prepared claim's GPU vanished; the claim is not re-prepared elsewhere",
+                    devices=lost,
+                )
             if self.driver.status is not None:  # queued behind its prepare's own status write
                 self.driver.status.lost(ref, set(lost))
             else:
                 vanished.report(
                     self.api, self.settings.driver_name, ref, record, set(lost), self.log
                 )
+            events.append((ref, losses))
+        claimevents.emit_soon(  # in a thread: the driver watch never waits on the server
+            self.api,
+            events,
+            driver_name=self.settings.driver_name,
+            node_name=self.settings.node_name,
+            action=claimevents.ACTION_RUNTIME,
+            log=self.log,
+        )
 
     def handle(self, req: Mapping[str, Any]) -> dict[str, Any]:
         rescan = self.watch.rescan_soon if self.watch is not None else None
@@ -348,12 +364,3 @@ def settings_value(settings: PluginSettings, name: str, default: float) -> float
     """A lifecycle setting when the settings carry it (new fields), else its default."""
     value = getattr(settings, name, None)
     return float(value) if value is not None else default
-
-
-def _gpu_uuids(dev: inventory.PreparableDevice | None, minors: Mapping[int, str]) -> set[str]:
-    """The UUIDs of the full GPUs ``dev`` uses (a MIG device: its parent's), and its own."""
-    if dev is None:
-        return set()
-    found = {u for u in dev.uuid.split(",") if u}
-    found |= {minors[m] for m in dev.gpu_minors if m in minors}
-    return found

@@ -9,7 +9,9 @@ agent's loop (:mod:`dra_driver.driverwatch`) only applies it.
 
 GPUs are matched by UUID; a GPU whose UUID is gone but whose PCI address now shows another UUID
 was *replaced* (a node rebooted with a new card in the slot): the old one counts as vanished,
-the new one as added, never as the same GPU. Whether a GPU that NVML no longer lists has really
+the new one as added, never as the same GPU. A MIG device that is gone from a GPU still there
+(destroyed with ``nvidia-smi``) is listed by its own UUID, so the claim that held it is
+reported as one whose GPU vanished. Whether a GPU that NVML no longer lists has really
 vanished goes through one predicate, :func:`vanished`: a GPU that NVML cannot see on purpose
 (``hidden``, e.g. bound to another kernel driver for passthrough) is not vanished.
 """
@@ -39,10 +41,16 @@ class Changes:
     replaced: tuple[tuple[model.Gpu, model.Gpu], ...] = ()  # (old, new) at one PCI address
     changed: tuple[str, ...] = ()  # UUIDs of GPUs still there whose facts changed
     driver_version: tuple[str, str] | None = None  # (before, now) when it changed
+    # MIG devices gone from a GPU that is still there (an admin destroyed them, or dynamic MIG
+    # did at an unprepare): their parents are in ``changed``; whose claim lost one, the agent
+    # tells from its records (:mod:`dra_driver.lifecycleparts`).
+    mig_destroyed: tuple[model.MigDevice, ...] = ()
 
     @property
     def any(self) -> bool:
-        return bool(self.vanished or self.added or self.changed or self.driver_version)
+        return bool(
+            self.vanished or self.added or self.changed or self.driver_version or self.mig_destroyed
+        )
 
 
 def vanished(uuid: str, *, hidden: Hidden = never_hidden) -> bool:
@@ -68,6 +76,13 @@ def compare(
     )
     changed = tuple(u for u, g in new.items() if u in old and _facts(old[u]) != _facts(g))
     versions = (_version(before), _version(now))
+    destroyed = tuple(
+        m
+        for u, g in new.items()
+        if u in old
+        for m in old[u].mig_devices
+        if m.uuid not in {n.uuid for n in g.mig_devices}
+    )
     return Changes(
         vanished=lost,
         hidden=kept_hidden,
@@ -75,6 +90,7 @@ def compare(
         replaced=replaced,
         changed=changed,
         driver_version=versions if versions[0] != versions[1] and versions[1] else None,
+        mig_destroyed=destroyed,
     )
 
 

@@ -122,13 +122,17 @@ VANISHED_REASON = "GpuVanished"
 
 
 def ready_condition(dev: checkpoint.DeviceRecord, *, gone: bool, since: str) -> dict[str, str]:
-    """The device's ``Ready`` condition: prepared, or lost with its GPU."""
+    """The device's ``Ready`` condition: prepared, or lost with its GPU (or a static MIG device
+    destroyed behind the driver's back: the same reason, the claim's Event says which)."""
     if gone:
         return {
             "type": "Ready",
             "status": "False",
             "reason": VANISHED_REASON,
-            "message": "its GPU vanished from the node; the claim is not moved to another GPU",
+            "message": (
+                "its GPU vanished from the node (or its MIG device was destroyed); the claim is "
+                "not moved to another device"
+            ),
             "lastTransitionTime": since,
         }
     return {

@@ -75,6 +75,13 @@ class KubeApi(Protocol):
         Raises NotFound, Conflict (UID precondition), Invalid, ApiError (403: RBAC)."""
         ...
 
+    def create_event(self, namespace: str, event: Obj) -> Obj:
+        """POST an ``events.k8s.io/v1`` Event in ``namespace`` (about a claim there). Raises
+        Conflict (``reason == "AlreadyExists"``: an Event of that name exists), Invalid (the
+        server's Event rules: reportingController, reportingInstance, action, eventTime ...),
+        ApiError (403: RBAC)."""
+        ...
+
     def get_node(self, name: str) -> Obj:
         """GET a Node (owner of our ResourceSlices; its labels); raises NotFound."""
         ...

@@ -153,6 +153,10 @@ class KubeClient:
             return self._json("PATCH", path, query=query, body=patch, content_type=_APPLY)
         return self._patch(path, json.dumps(patch), _APPLY, query=query)
 
+    def create_event(self, namespace: str, event: api.Obj) -> api.Obj:
+        path = f"/apis/events.k8s.io/v1/namespaces/{_q(namespace)}/events"
+        return self._json("POST", path, body=event)
+
     def patch_node(self, name: str, patch: api.Obj) -> api.Obj:
         path = f"/api/v1/nodes/{_q(name)}"
         return self._patch(path, patch, "application/merge-patch+json")

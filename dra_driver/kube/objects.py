@@ -67,7 +67,10 @@ RESOURCE_CLAIM_TEMPLATES = Kind(
 COMPUTE_DOMAINS = Kind(
     "resource.nvidia.com", "v1beta1", "computedomains", "ComputeDomain", status=True
 )
-KINDS = (PODS, LEASES, DAEMON_SETS, RESOURCE_CLAIM_TEMPLATES, COMPUTE_DOMAINS)
+# Events (events.k8s.io/v1): the agent only creates them (a claim whose GPU vanished,
+# :mod:`dra_driver.driver.claimevents`), through its own port's ``create_event``.
+EVENTS = Kind("events.k8s.io", "v1", "events", "Event")
+KINDS = (PODS, LEASES, DAEMON_SETS, RESOURCE_CLAIM_TEMPLATES, COMPUTE_DOMAINS, EVENTS)
 
 
 class ObjectApi(Protocol):

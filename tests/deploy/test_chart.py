@@ -285,6 +285,8 @@ def test_rbac_is_exactly_what_the_agent_calls(rc: ModuleType) -> None:
         ("resource.k8s.io", "resourceclaims/driver"): ["associated-node:patch"],
         ("resource.k8s.io", "resourceslices"): ["create", "delete", "list", "update", "watch"],
         ("", "nodes"): ["get", "patch"],  # patch: the Node's GPU labels
+        # a Warning Event on a claim whose device vanished: create only, never read
+        ("events.k8s.io", "events"): ["create"],
         # ranks follow allocations: the Pods bound to its node, read as that node (only)
         ("authentication.k8s.io", "nodes"): ["impersonate:associated-node"],
         ("", "pods"): [
@@ -367,7 +369,6 @@ def _admit(
     policy: dict[str, Any], *, user: str, node: str | None, op: str, slice_node: str | None
 ) -> tuple[bool, str]:
     """Evaluate the policy's CEL like the API server: (allowed, message)."""
-    env = _cel_env()
     extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
     spec = {"nodeName": slice_node} if slice_node else {"allNodes": True}
     data: dict[str, Any] = {
@@ -376,6 +377,12 @@ def _admit(
         "oldObject": {"spec": spec} if op != "CREATE" else {},
         "variables": {},
     }
+    return _evaluate(policy, data)
+
+
+def _evaluate(policy: dict[str, Any], data: dict[str, Any]) -> tuple[bool, str]:
+    """The policy's match conditions, variables and validations over ``data``."""
+    env = _cel_env()
 
     def run(expr: str) -> Any:
         return env.compile(expr).eval(env.Activation(data)).value()
@@ -386,9 +393,9 @@ def _admit(
         data["variables"][var["name"]] = run(var["expression"])
     for check in policy["spec"]["validations"]:
         if not run(check["expression"]):
-            return False, run(check["messageExpression"]) if "messageExpression" in check else (
-                check["message"]
-            )
+            if "messageExpression" in check:
+                return False, run(check["messageExpression"])
+            return False, " ".join(check["message"].split())
     return True, ""
 
 
@@ -416,6 +423,71 @@ def test_admission_policy_confines_agents_to_their_node(rc: ModuleType) -> None:
     # other users (the kubelet, admins) are not this policy's business
     assert _admit(policy, user="system:node:n1", node=None, op="DELETE", slice_node="n2")[0]
     assert objects(rc, {"admissionPolicy": {"enabled": False}}, "ValidatingAdmissionPolicy") == []
+
+
+def _admit_event(
+    policy: dict[str, Any], *, user: str, node: str | None, event: dict[str, Any]
+) -> tuple[bool, str]:
+    """Evaluate the Event policy's CEL like the API server for a CREATE of ``event``."""
+    extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
+    data: dict[str, Any] = {
+        "request": {"operation": "CREATE", "userInfo": {"username": user, "extra": extra}},
+        "object": event,
+        "oldObject": {},
+        "variables": {},
+    }
+    return _evaluate(policy, data)
+
+
+def test_event_policy_confines_agents_to_claim_events_from_their_node(rc: ModuleType) -> None:
+    (policy,) = [
+        p
+        for p in objects(rc, {}, "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"] == "dra-driver-events"
+    ]
+    (binding,) = [
+        b
+        for b in objects(rc, {}, "ValidatingAdmissionPolicyBinding")
+        if b["spec"]["policyName"] == "dra-driver-events"
+    ]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["events.k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE"],
+            "resources": ["events"],
+        }
+    ]
+    agent = "system:serviceaccount:dra-driver:dra-driver"
+    ours = {
+        "reportingController": "gpu.nvidia.com",
+        "reportingInstance": "n1",
+        "regarding": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": "c"},
+    }
+    assert _admit_event(policy, user=agent, node="n1", event=ours) == (True, "")
+    for bad, needle in (
+        (
+            {**ours, "reportingInstance": "n2"},
+            'node n1 may report Events only as itself, not as "n2"',
+        ),
+        ({k: v for k, v in ours.items() if k != "reportingInstance"}, 'not as ""'),
+        ({**ours, "reportingController": "kubelet"}, "only as gpu.nvidia.com"),
+        ({**ours, "regarding": {"apiVersion": "v1", "kind": "Pod"}}, "only about ResourceClaims"),
+        (
+            {**ours, "regarding": {"apiVersion": "x.io/v1", "kind": "ResourceClaim"}},
+            "ResourceClaims",
+        ),
+    ):
+        ok, msg = _admit_event(policy, user=agent, node="n1", event=bad)
+        assert not ok and needle in msg, (bad, msg)
+    ok, msg = _admit_event(policy, user=agent, node=None, event=ours)
+    assert not ok and "no node name" in msg
+    other = {**ours, "reportingInstance": "n2"}
+    assert _admit_event(policy, user="system:node:n1", node=None, event=other) == (
+        True,
+        "not matched",
+    )
 
 
 def _node_policy(rc: ModuleType, values: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -551,7 +623,7 @@ def test_node_policy_confines_agents_to_their_nodes_gpu_labels(rc: ModuleType) -
     assert sorted(
         p["metadata"]["name"]
         for p in objects(rc, {"nodeLabels": {"enabled": False}}, "ValidatingAdmissionPolicy")
-    ) == ["dra-driver-mps-pods", "dra-driver-resourceslices"]  # no -nodes policy
+    ) == ["dra-driver-events", "dra-driver-mps-pods", "dra-driver-resourceslices"]  # no -nodes
 
 
 # ---- values.schema.json stays in step with the package ----------------------------------------

@@ -89,3 +89,15 @@ def test_the_fake_server_grants_the_impersonation_what_the_chart_grants(rc: Modu
                     for resource in rule["resources"]:
                         granted.add((verb.rsplit(":", 1)[1], resource))
     assert granted == set(impersonation.GRANTED)
+
+
+def test_the_agent_may_create_events_and_never_read_or_change_them(rc: ModuleType) -> None:
+    auth = authorizer(rc)
+
+    def events(verb: str, group: str = "events.k8s.io") -> rbac.Request:
+        return rbac.Request(verb=verb, group=group, resource="events", namespace="team")
+
+    assert auth.allows(AGENT, events("create"))  # a claim whose device vanished (docs/lifecycle.md)
+    for verb in ("get", "list", "watch", "update", "patch", "delete"):
+        assert not auth.allows(AGENT, events(verb)), verb
+    assert not auth.allows(AGENT, events("create", group=""))  # not the core API's Events

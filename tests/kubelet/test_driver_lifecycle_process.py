@@ -113,6 +113,15 @@ class Node:
     def cdi(self) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in sorted(self.proc.cdi_root.glob("*"))}
 
+    def event_on(self, uid: str) -> Obj:
+        """The one Warning GpuVanished Event regarding the claim ``uid`` (waited for)."""
+        selector = f"regarding.uid={uid},reason=GpuVanished"
+        self.wait(lambda: self.server.api.list_events("team", field_selector=selector))
+        (event,) = self.server.api.list_events("team", field_selector=selector)
+        assert event["type"] == "Warning" and event["reportingController"] == "gpu.nvidia.com"
+        assert event["regarding"]["kind"] == "ResourceClaim"
+        return event
+
     def readyz(self) -> tuple[int, Obj]:
         status, body = self.proc.http_get("/readyz")
         return status, json.loads(body)
@@ -223,12 +232,16 @@ def test_a_gpu_removed_is_withdrawn_and_its_claim_reported(node: Node) -> None:
     node.wait(reported)  # the status writer's queue: the prepare's Ready=True comes first
     time.sleep(0.5)
     assert reported()  # and is never written after the report
+    # A Warning Event on the claim (kubectl get events), written once.
+    event = node.event_on(claim.uid)
+    assert "gpu-3" in event["note"] and event["reportingInstance"] == "n1"
     # Never re-prepared elsewhere: a new claim for the vanished GPU is refused with why.
     again = put_claim(node.server, "again", ["gpu-3"])
     error = node.kubelet.prepare([again]).claims[again.uid].error
     assert "vanished" in error
     # Its own claim still unprepares cleanly.
     assert node.kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    assert len(node.server.api.list_events("team")) == 1
 
 
 def test_a_gpu_added_is_published_and_preparable(node: Node) -> None:
@@ -288,11 +301,17 @@ def test_a_restart_without_a_claims_gpu_cleans_it_up_and_reports_it(
         proc.wait_ready()
         log = proc.log()
         assert log.count("a prepared claim's GPU is gone since the last start") == 2
-        for name, device in (("removed", "gpu-3"), ("replaced", "gpu-5")):
-            stored = apiserver.api.get_resource_claim("team", name)
+        for claim, device in ((removed, "gpu-3"), (replaced, "gpu-5")):
+            stored = apiserver.api.get_resource_claim("team", claim.name)
             (entry,) = stored["status"]["devices"]
             assert entry["device"] == device
             assert entry["conditions"][0]["reason"] == "GpuVanished"
+            (event,) = apiserver.api.list_events(
+                "team", field_selector=f"regarding.uid={claim.uid}"
+            )
+            assert event["reason"] == "GpuVanished" and event["action"] == "Recover"
+            assert device in event["note"]
+        assert len(apiserver.api.list_events("team")) == 2  # none for the kept claim
         specs = {p.read_text() for p in proc.cdi_root.glob("*.json")}
         assert len(specs) == 1 and kept.uid in next(iter(specs))
         kubelet = KubeletSim(proc.registry_dir)
@@ -329,6 +348,82 @@ def test_a_mig_device_destroyed_behind_the_drivers_back_is_withdrawn(
         # What a claim holds is left alone: still prepared, its spec answers again.
         assert node.kubelet.prepare([held]).claims[held.uid].error == ""
         assert node.kubelet.unprepare([held]).claims[held.uid].error == ""
+    finally:
+        node.kubelet.close()
+        node.proc.kill()
+
+
+def test_a_claims_static_mig_device_destroyed_behind_the_drivers_back_is_reported(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    node = start(short_dir, apiserver, "--fake", "a100-mig")
+    try:
+        held = put_claim(
+            node.server, "held", ["gpu-0-mig-3g-20gb-4"], device_class="mig.nvidia.com"
+        )
+        bystander = put_claim(
+            node.server, "bystander", ["gpu-0-mig-2g-10gb-0"], device_class="mig.nvidia.com"
+        )
+        answer = node.kubelet.prepare([held, bystander]).claims
+        assert answer[held.uid].error == answer[bystander.uid].error == ""
+        out = node.fake_event("--mig-destroy", "0:4")
+        assert "GPU instance 4 destroyed" in out
+        node.wait(lambda: "gpu-0-mig-3g-20gb-4" not in node.devices() and node.whole_pool())
+        # Reported: the log line, the claim's condition, the Event naming the MIG device.
+        node.wait(lambda: "MIG device was destroyed behind the driver's back" in node.proc.log())
+
+        def reported() -> bool:
+            stored = node.server.api.get_resource_claim("team", "held")
+            conditions = [c for d in stored["status"].get("devices", []) for c in d["conditions"]]
+            return [(c["status"], c.get("reason")) for c in conditions] == [
+                ("False", "GpuVanished")
+            ]
+
+        node.wait(reported)
+        event = node.event_on(held.uid)
+        assert "MIG device gpu-0-mig-3g-20gb-4" in event["note"] and "MIG-" in event["note"]
+        # Only that claim: the one on another MIG device of the same GPU is not reported.
+        time.sleep(0.5)
+        assert [e["regarding"]["uid"] for e in node.server.api.list_events("team")] == [held.uid]
+        assert "Ready" in str(node.server.api.get_resource_claim("team", "bystander")["status"])
+        assert "GpuVanished" not in str(node.server.api.get_resource_claim("team", "bystander"))
+        # A new claim for the destroyed device is refused, naming why; never prepared elsewhere.
+        again = put_claim(
+            node.server, "again", ["gpu-0-mig-3g-20gb-4"], device_class="mig.nvidia.com"
+        )
+        error = node.kubelet.prepare([again]).claims[again.uid].error
+        assert "MIG device was destroyed" in error, error
+        # Its own claim still unprepares cleanly; so does the other.
+        answer = node.kubelet.unprepare([held, bystander]).claims
+        assert answer[held.uid].error == answer[bystander.uid].error == ""
+    finally:
+        node.kubelet.close()
+        node.proc.kill()
+
+
+def test_dynamic_migs_own_instances_coming_and_going_are_never_reported(
+    short_dir: Path, apiserver: fakeserver.FakeApiServer
+) -> None:
+    node = start(short_dir, apiserver, "--fake", "h100-mig", "--dynamic-mig", "all")
+    try:
+        held = put_claim(
+            node.server, "held", ["gpu-0-mig-1g-10gb-0"], device_class="mig.nvidia.com"
+        )
+        assert node.kubelet.prepare([held]).claims[held.uid].error == ""
+        node.fake_event("--gpu-add")  # a rediscovery that sees the instance made for it
+        node.wait(lambda: node.proc.log().count('"GPUs changed under the running agent') == 1)
+        assert node.kubelet.unprepare([held]).claims[held.uid].error == ""  # destroyed by us
+        node.fake_event("--gpu-add")  # a rediscovery that finds it gone
+        node.wait(lambda: node.proc.log().count('"GPUs changed under the running agent') == 2)
+        node.wait(node.whole_pool)
+        time.sleep(0.5)
+        log = node.proc.log()
+        seen = [json.loads(x) for x in log.splitlines() if '"GPUs changed under' in x]
+        # Both rediscoveries saw GPU 0's MIG devices change: the instance made, then gone.
+        uuid0 = node.devices()["gpu-0"]["attributes"]["uuid"]["string"]
+        assert [x["changed"] for x in seen] == [[uuid0], [uuid0]]
+        assert "MIG device was destroyed" not in log and "claim's GPU vanished" not in log
+        assert node.server.api.list_events("team") == []
     finally:
         node.kubelet.close()
         node.proc.kill()

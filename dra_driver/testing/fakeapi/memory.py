@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 from dra_driver.apimachinery import strictdecode
 from dra_driver.kube import api
+from dra_driver.kube.objects import EVENTS
 from dra_driver.slices import validate as slice_validate
 from dra_driver.testing.fakeapi import featuregates, memstate, serverbits
 from dra_driver.testing.fakeapi.memstate import WRITE_METHODS, Call
@@ -146,7 +147,25 @@ class InMemoryApi(memstate.ClusterState):
                 selected=lambda obj: serverbits.slice_selected(obj, driver, node_name),
             )
 
+    def create_event(self, namespace: str, event: Obj) -> Obj:
+        """An ``events.k8s.io/v1`` Event, as the server stores it (its rules: :mod:`.events`);
+        the namespace in the object, if any, must be ``namespace`` (400, as over HTTP)."""
+        meta = event.get("metadata") if isinstance(event, dict) else None
+        if isinstance(meta, dict) and meta.get("namespace") not in (None, "", namespace):
+            raise api.Invalid(
+                "the namespace of the provided object does not match the namespace sent on the "
+                "request",
+                status=400,
+            )
+        new = copy.deepcopy(event)
+        new.setdefault("metadata", {})["namespace"] = namespace
+        return self.objects.create(EVENTS, new)
+
     # ------------------------------------------------------------------ beyond the port
+    def list_events(self, namespace: str, *, field_selector: str = "") -> list[Obj]:
+        """Test helper: the Events of ``namespace`` (``regarding.uid=...`` and friends)."""
+        return self.objects.list(EVENTS, namespace=namespace, field_selector=field_selector)[0]
+
     def get_resource_slice(self, name: str) -> Obj:
         with self._lock:
             found = self._slices.get(name)

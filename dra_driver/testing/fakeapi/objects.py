@@ -10,7 +10,8 @@ goes), owner-reference garbage collection (an object whose every owner is gone â
 or a Node of the cluster â€” is collected, as the garbage collector would), label and field
 selectors, watches with 410 when history is gone, ``dryRun``, injected failures (the store's
 ``fail_next`` names ``create_pods``, ``delete_leases``, ...), and strict schema validation:
-built-in kinds against the Kubernetes 1.36 schemas (``kubernetes-validate``), custom kinds
+built-in kinds against the Kubernetes 1.36 schemas (``kubernetes-validate``; Events also by
+the server's own rules, :mod:`.events`), custom kinds
 through a validator registered with :meth:`ObjectStore.register`. Admission rules (what an agent
 may create) are hooks added by the tests or the rig (:meth:`ObjectStore.add_admission`).
 A Pod is removed at once on delete (grace period 0: no kubelet here confirms its end).
@@ -27,8 +28,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from dra_driver.kube import api
-from dra_driver.kube.objects import KINDS, Kind
-from dra_driver.testing.fakeapi import eventlog, nodes, selectors, serverbits
+from dra_driver.kube.objects import EVENTS, KINDS, Kind
+from dra_driver.testing.fakeapi import eventlog, events, nodes, selectors, serverbits
 
 Obj = api.Obj
 Validator = serverbits.Validator
@@ -68,6 +69,7 @@ class ObjectStore:
         self._log = eventlog.EventLog(self._lock)
         for kind in KINDS:
             self.register(kind)
+        self.register(EVENTS, events.validate)  # the server's Event rules, then the schema
 
     # ------------------------------------------------------------------ set-up
     def register(self, kind: Kind, validator: Validator | None = None) -> None:
@@ -100,7 +102,7 @@ class ObjectStore:
         label_selector: str = "",
         field_selector: str = "",
     ) -> tuple[list[Obj], str]:
-        match = selectors.matcher(label_selector, field_selector)
+        match = selectors.matcher(label_selector, field_selector, kind=kind.kind)
         with self._lock:
             self._cluster._enter(f"list_{kind.plural}", namespace or "")
             items = [
@@ -224,7 +226,7 @@ class ObjectStore:
         resource_version: str,
         timeout_s: float,
     ) -> Iterator[api.WatchEvent]:
-        match = selectors.matcher(label_selector, field_selector)
+        match = selectors.matcher(label_selector, field_selector, kind=kind.kind)
 
         def selected(obj: Obj) -> bool:
             meta = obj["metadata"]
@@ -316,7 +318,8 @@ class ObjectStore:
         errors = serverbits.schema_errors(kind, obj, self._validators.get(kind))
         if errors:
             name = obj["metadata"].get("name") or ""
-            message = f'{kind.kind} "{name}" is invalid: ' + "; ".join(errors)
+            qualified = f"{kind.kind}.{kind.group}" if kind.group else kind.kind  # as the server
+            message = f'{qualified} "{name}" is invalid: ' + "; ".join(errors)
             raise self._cluster._fail(method, name, 422, message)
 
     def _admit(self, method: str, verb: str, kind: Kind, new: Obj | None, old: Obj | None) -> None:

@@ -2,8 +2,9 @@
 
 Why it exists: owners of Pods, Leases and ComputeDomain objects list and watch by label
 (``app=...,node in (a,b)``) and by a few fields (``metadata.name``, ``metadata.namespace``,
-``spec.nodeName``); the in-memory server must filter the same way and refuse what a server
-refuses (an unsupported field label is a 400), or tests pass on selectors that match nothing.
+``spec.nodeName``; Events: ``regarding.uid``, ``reason``, ...); the in-memory server must filter
+the same way and refuse what a server refuses (an unsupported field label is a 400), or tests
+pass on selectors that match nothing.
 """
 
 from __future__ import annotations
@@ -15,21 +16,32 @@ from typing import Any
 from dra_driver.kube import api
 
 # Field labels every kind supports, and Pods' spec.nodeName / status.phase.
-FIELDS = {
+FIELDS: dict[str, tuple[str, ...]] = {
     "metadata.name": ("metadata", "name"),
     "metadata.namespace": ("metadata", "namespace"),
     "spec.nodeName": ("spec", "nodeName"),
     "status.phase": ("status", "phase"),
+}
+# Events (events.k8s.io/v1) add what they regard, their reason, type and reporter.
+KIND_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "Event": {
+        **{f"regarding.{f}": ("regarding", f) for f in ("kind", "namespace", "name", "uid")},
+        "reason": ("reason",),
+        "type": ("type",),
+        "reportingController": ("reportingController",),
+    }
 }
 _SET = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
 _KEY = re.compile(r"([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 Match = Callable[[api.Obj], bool]
 
 
-def matcher(label_selector: str, field_selector: str) -> Match:
-    """One predicate for both selectors; raises Invalid (400) for what a server refuses."""
+def matcher(label_selector: str, field_selector: str, *, kind: str = "") -> Match:
+    """One predicate for both selectors (``kind``: the fields of that kind too); raises
+    Invalid (400) for what a server refuses."""
+    fields = {**FIELDS, **KIND_FIELDS.get(kind, {})}
     terms = [_label_term(t) for t in _split(label_selector)]
-    terms += [_field_term(t) for t in _split(field_selector)]
+    terms += [_field_term(t, fields) for t in _split(field_selector)]
     return lambda obj: all(term(obj) for term in terms)
 
 
@@ -81,16 +93,19 @@ def _label_key(key: str, term: str) -> str:
     return key
 
 
-def _field_term(term: str) -> Match:
+def _field_term(term: str, fields: dict[str, tuple[str, ...]]) -> Match:
     negate = "!=" in term
     key, _, value = term.replace("!=", "=").replace("==", "=").partition("=")
     key, value = key.strip(), value.strip()
-    if key not in FIELDS:
+    if key not in fields:
         raise api.Invalid(f'field label not supported: "{key}"', status=400)
-    part, field = FIELDS[key]
+    path = fields[key]
 
     def match(obj: api.Obj) -> bool:
-        got = str((obj.get(part) or {}).get(field) or "")
-        return (got != value) if negate else (got == value)
+        got: Any = obj
+        for part in path:
+            got = got.get(part) if isinstance(got, dict) else None
+        text = str(got or "")
+        return (text != value) if negate else (text == value)
 
     return match
