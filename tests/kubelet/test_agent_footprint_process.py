@@ -18,10 +18,10 @@ over the floor of the interpreter and the libraries it cannot do without (``agen
 probe: gRPC with two servers, structlog, prometheus-client, pynvml), measured in the same run
 with the same interpreter and environment, so that neither the machine nor the venv moves it.
 Here (the test kit's fake API server over plain HTTP: no TLS connection) the share measured 6.8
-MiB after issue 46's cuts (about 8.9 before: protobuf 1.9 MiB, the records' generated methods
-0.2 MiB); ``SHARE_MIB`` allows 0.7 MiB over it. From the image's venv against a TLS server
-(``benchmarks/agent_rss.py``) the share is 8.1 MiB (48.2 MiB over a 40.1 MiB floor); the issue's
-45 MiB bar would be ~4.9 MiB there: not met yet (docs/fleet.md).
+MiB after issue 46's cuts (before them, by the cuts' sizes, ~8.9: protobuf 1.9 MiB, the records'
+generated methods 0.2 MiB); ``SHARE_MIB`` allows 0.7 MiB over it. From the image's venv against
+a TLS server (``benchmarks/agent_rss.py``) the share is 8.1 MiB (48.2 MiB over a 40.1 MiB floor);
+the issue's 45 MiB bar would be ~4.9 MiB there: not met yet (docs/fleet.md).
 """
 
 from __future__ import annotations
