@@ -2,9 +2,8 @@
 
 Why it exists: issue 38 holds each agent to the Go helper's footprint. This prints, step by step
 in fresh processes, the RSS of the interpreter alone, then with each dependency the agent cannot
-do without (gRPC with the kubelet's two servers, TLS, structlog, prometheus-client, pynvml; not
-PyYAML, which an agent with an in-cluster or JSON configuration never loads, nor protobuf: the
-agent writes the kubelet's messages itself, ``dra_driver/kubelet/wire.py``), so the
+do without (gRPC with the kubelet's two servers, TLS, protobuf, structlog, prometheus-client,
+pynvml; not PyYAML, which an agent with an in-cluster or JSON configuration never loads), so the
 agent's own share (``benchmarks/fleet.py``) can be read against that floor (docs/fleet.md).
 
 Run: ``python benchmarks/agent_floor.py [--python PATH] [--optimize 0|2]``. By default the
@@ -28,6 +27,7 @@ import imagekit
 STEPS = [
     ("interpreter", ""),
     ("+ grpc, two servers on unix sockets", "grpc"),
+    ("+ protobuf", "google.protobuf.message"),
     ("+ structlog", "structlog"),
     ("+ prometheus_client", "prometheus_client"),
     ("+ pynvml", "pynvml"),

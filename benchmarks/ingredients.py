@@ -51,7 +51,7 @@ def measure(base: Path, kubeconfig: Path, profile: Path, objs: list[Any], calls:
     from dra_driver.devices import fake
     from dra_driver.driver import claims, results
     from dra_driver.kube import client
-    from dra_driver.kubelet import dra_service, wire
+    from dra_driver.kubelet import dra_service
     from dra_driver.pb.dra.v1 import dra_pb2
 
     logs.configure(level="info", fmt="json")
@@ -150,20 +150,17 @@ def measure(base: Path, kubeconfig: Path, profile: Path, objs: list[Any], calls:
         def unprepare(self, refs: Any) -> Any:
             return {ref.uid: ""}
 
-    service = dra_service.DraService(plugin=Fixed(), name=dra_service.V1, share_ids=True, log=log)
+    service = dra_service.DraService(plugin=Fixed(), pb=dra_pb2, share_ids=True, log=log)
     request = dra_pb2.NodePrepareResourcesRequest(
         claims=[dra_pb2.Claim(uid=ref.uid, namespace="bench", name=ref.name)]
     ).SerializeToString()
     rows.append(
         (
-            "wire decode + servicer + encode",
+            "protobuf decode + servicer + encode",
             timed(
-                lambda i: wire.encode_prepare_response(
-                    service.NodePrepareResources(
-                        wire.decode_claims_request(request),
-                        None,  # type: ignore[arg-type]
-                    )
-                ),
+                lambda i: service.NodePrepareResources(
+                    dra_pb2.NodePrepareResourcesRequest.FromString(request), None
+                ).SerializeToString(),
                 calls,
             ),
         )

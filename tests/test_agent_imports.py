@@ -17,7 +17,6 @@ from dra_driver.testing.fakeapi import fakeserver
 
 # Never loaded by the agent with an in-cluster or token/certificate kubeconfig.
 CUT = ("kubernetes", "urllib3", "requests", "oauthlib", "websocket", "jsonschema")
-CUT += ("google",)  # protobuf: the kubelet's messages are dra_driver.kubelet.wire's (issue 46)
 
 AGENT = """
 import json, sys

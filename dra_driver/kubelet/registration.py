@@ -5,21 +5,21 @@ The kubelet watches its ``plugins_registry`` directory; for our socket there it 
 serve, v1 first, then the health stream versions), then reports with
 ``NotifyRegistrationStatus``. A refusal is logged as an error the operator sees, with the
 kubelet's reason; the kubelet retries on its own. ``on_status`` hands each verdict to the app
-(readiness follows it). The messages are read and written by :mod:`~dra_driver.kubelet.wire`.
+(readiness follows it).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 import structlog
 
 from dra_driver import records
-from dra_driver.kubelet import wire
+from dra_driver.pb.pluginregistration.v1 import registration_pb2, registration_pb2_grpc
 
-SERVICE = "pluginregistration.Registration"
 PLUGIN_TYPE = "DRAPlugin"
 DRA_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 # The DRAPlugin versions come first; the health stream strings follow (contracts.md §2.3).
@@ -34,7 +34,7 @@ class Status:
     error: str
 
 
-class RegistrationService:
+class RegistrationService(registration_pb2_grpc.RegistrationServicer):
     """Servicer for ``pluginregistration.Registration``."""
 
     def __init__(
@@ -54,18 +54,16 @@ class RegistrationService:
         self.status_changed = threading.Event()
         self._on_status = on_status
 
-    def GetInfo(self, request: wire.Empty, context: grpc.ServicerContext) -> wire.PluginInfo:
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.log.debug("kubelet asked for plugin info")
-        return wire.PluginInfo(
+        return registration_pb2.PluginInfo(
             type=PLUGIN_TYPE,
             name=self.driver_name,
             endpoint=self.endpoint,
-            supported_versions=tuple(self.versions),
+            supported_versions=list(self.versions),
         )
 
-    def NotifyRegistrationStatus(
-        self, request: wire.RegistrationStatus, context: grpc.ServicerContext
-    ) -> wire.Empty:
+    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.status = Status(registered=bool(request.plugin_registered), error=request.error)
         if self.status.registered:
             self.log.info(
@@ -81,21 +79,7 @@ class RegistrationService:
         self.status_changed.set()
         if self._on_status is not None:
             self._on_status(self.status)
-        return wire.EMPTY
+        return registration_pb2.RegistrationStatusResponse()
 
     def add_to(self, server: grpc.Server) -> None:
-        wire.add_service(
-            server,
-            SERVICE,
-            [
-                ("GetInfo", wire.unary(self.GetInfo, wire.decode_empty, wire.encode_plugin_info)),
-                (
-                    "NotifyRegistrationStatus",
-                    wire.unary(
-                        self.NotifyRegistrationStatus,
-                        wire.decode_registration_status,
-                        wire.encode_empty,
-                    ),
-                ),
-            ],
-        )
+        registration_pb2_grpc.add_RegistrationServicer_to_server(self, server)

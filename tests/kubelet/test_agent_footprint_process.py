@@ -72,9 +72,6 @@ NOT_LOADED = (
     "dra_driver.computedomain.monitor",
     "encodings.idna",  # a str host in getaddrinfo, or http.server's reverse lookup at bind
     "yaml",  # a JSON kubeconfig (in a DaemonSet: in-cluster) and the profile's JSON twin
-    "google.protobuf",  # the kubelet's messages are dra_driver.kubelet.wire's (issue 46)
-    "google._upb",
-    "dra_driver.pb",  # the generated modules: the test kit's kubelet and the device plugin
 )
 
 

@@ -113,8 +113,7 @@ def test_undecodable_requests_leave_one_json_object_per_log_line(
     assert not_json == []
     events = [json.loads(line) for line in lines]
     decode = [e for e in events if "deserializing" in e.get("event", "")]
-    # The agent's own decoder (dra_driver.kubelet.wire) refuses them with ValueError.
-    assert decode and all(e["level"] == "error" and "ValueError" in e["error"] for e in decode)
+    assert decode and all(e["level"] == "error" and "DecodeError" in e["error"] for e in decode)
     assert all("Traceback" not in json.dumps(e) for e in decode)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from dra_driver import app, logs
 from dra_driver.devices import fake, health
-from dra_driver.kubelet import health_service, wire
+from dra_driver.kubelet import health_service
 from dra_driver.pb.dra_health.v1 import health_pb2 as v1_pb2
 from dra_driver.testing.fakeapi import memory
 from dra_driver.testing.kubeletsim import KubeletSim
@@ -117,10 +117,10 @@ def test_streams_resend_the_list_and_end_on_stop() -> None:
         def is_active(self) -> bool:
             return True
 
-    stream = streams.stream(wire.EMPTY, Context())  # type: ignore[arg-type]
+    stream = streams.stream(v1_pb2, Context())  # type: ignore[arg-type]
     first, second = next(stream), next(stream)  # nothing changed: resent after resend_s
-    assert [d.device_name for d in first] == ["gpu-0", "gpu-1"]
-    assert [(d.health, d.message) for d in first] == [(d.health, d.message) for d in second]
+    assert [d.device.device_name for d in first.devices] == ["gpu-0", "gpu-1"]
+    assert by_name(first) == by_name(second)
     streams.stop()
     assert list(stream) == []  # ends within poll_s
 
