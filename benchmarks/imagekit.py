@@ -26,6 +26,7 @@ venv and prints its path and the environment the agents get.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import re
@@ -126,8 +127,18 @@ def runtime_venv(tree: Path = REPO, *, bytecode: str = "image", quiet: bool = Tr
     venv = CACHE / f"{tree_key(tree, bytecode)}-{bytecode}"
     if (venv / ".complete").exists():
         return venv
-    shutil.rmtree(venv, ignore_errors=True)
     venv.parent.mkdir(parents=True, exist_ok=True)
+    # Two benchmarks of the same tree (two worktrees at one commit) build the same venv: one
+    # builds, the other waits and reuses it; without the lock each removed the other's half.
+    with open(venv.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (venv / ".complete").exists():
+            _build(venv, tree, bytecode, quiet=quiet)
+    return venv
+
+
+def _build(venv: Path, tree: Path, bytecode: str, *, quiet: bool) -> None:
+    shutil.rmtree(venv, ignore_errors=True)
     out = subprocess.DEVNULL if quiet else None
     # The build stage's own environment: no pip cache in the image (a local one speeds this up
     # and changes nothing installed), byte-code not written by the build's own Python runs.
@@ -163,7 +174,6 @@ def runtime_venv(tree: Path = REPO, *, bytecode: str = "image", quiet: bool = Tr
         [str(venv / "bin/dra-driver"), "--version"], check=True, env=build_env, stdout=out
     )
     (venv / ".complete").write_text(str(tree) + "\n")
-    return venv
 
 
 def stdlib(venv: Path) -> str:

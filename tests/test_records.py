@@ -93,3 +93,94 @@ def test_a_record_may_not_define_its_own_frozen_methods_as_no_frozen_dataclass_m
 
     with pytest.raises(TypeError, match="Cannot overwrite attribute __setattr__ in class Custom"):
         records.record(Custom)
+
+
+@records.record
+class Flags:
+    shown: int
+    hidden: str = dataclasses.field(default="h", repr=False)
+    unhashed: int = dataclasses.field(default=0, hash=False)
+    one: tuple[object, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FlagsReference:
+    shown: int
+    hidden: str = dataclasses.field(default="h", repr=False)
+    unhashed: int = dataclasses.field(default=0, hash=False)
+    one: tuple[object, ...] = ()
+
+
+@records.record
+class Single:
+    value: float
+
+
+@records.record
+class Empty:
+    pass
+
+
+@records.record
+class Own:
+    x: int
+
+    def __repr__(self) -> str:
+        return "mine"
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OwnReference:
+    x: int
+
+    def __repr__(self) -> str:
+        return "mine"
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@records.record
+class OwnHash:
+    x: int
+
+    def __hash__(self) -> int:
+        return 7
+
+
+def test_repr_eq_and_hash_are_shared_and_answer_as_the_generated_ones() -> None:
+    """The generated ones cost each class its own code (issue 46): one function each, for every
+    record, with the dataclass's results (field flags, one field, none, NotImplemented)."""
+    assert Flags.__repr__ is Point.__repr__ is Named.__repr__
+    assert Flags.__eq__ is Point.__eq__ and Flags.__hash__ is Point.__hash__
+    for args in [(1,), (1, "x", 2), (2, "y", 3, ("a", 1))]:
+        ours, theirs = Flags(*args), FlagsReference(*args)  # type: ignore[arg-type]
+        assert repr(ours) == repr(theirs).replace("FlagsReference", "Flags")
+        assert hash(ours) == hash(theirs)  # the same tuple of the same fields is hashed
+        assert ours == Flags(*args)  # type: ignore[arg-type]
+        assert not ours != Flags(*args)  # noqa: SIM202 - __ne__ from __eq__
+    assert Flags(1, unhashed=1) != Flags(1, unhashed=2)  # compared, not hashed
+    assert hash(Flags(1, unhashed=1)) == hash(Flags(1, unhashed=2))
+    assert Flags(1).__eq__(FlagsReference(1)) is NotImplemented
+    nan = float("nan")
+    assert Single(nan) == Single(nan)  # the same object: equal in a tuple, as generated
+    assert Single(1.0) != Single(2.0) and repr(Single(1.5)) == "Single(value=1.5)"
+    assert Empty() == Empty() and hash(Empty()) == hash(()) and repr(Empty()) == "Empty()"
+
+
+def test_a_record_that_defines_repr_or_eq_keeps_its_own_and_a_cycle_repr_ends() -> None:
+    assert repr(Own(1)) == "mine" and Own(1) == Own(2)
+    # A written __eq__ with __hash__ = None: frozen dataclasses hash by the fields anyway.
+    assert hash(Own(1)) == hash(OwnReference(1)) == hash((1,))
+    assert hash(OwnHash(1)) == 7 and OwnHash(1) == OwnHash(1) != OwnHash(2)
+    items: list[object] = []
+    looped = Flags(1, one=(items,))
+    items.append(looped)
+    assert repr(looped) == "Flags(shown=1, unhashed=0, one=([...],))"

@@ -12,11 +12,22 @@ must work there too), the image's ``PYTHONDONTWRITEBYTECODE`` and ``MALLOC_ARENA
 byte-code compiled at the chart's level as the image's build compiles it — where it is missing,
 every import compiles from source and the agent keeps ~9 MiB more (issue 46), so the agent must
 then have found the byte-code of every module it loaded (``dra_driver.bytecode``).
+
+As the chart runs it, the agent's resident memory is also held to a bar: its own share, its RSS
+over the floor of the interpreter and the libraries it cannot do without (``agent_floor.py``'s
+probe: gRPC with two servers, structlog, prometheus-client, pynvml), measured in the same run
+with the same interpreter and environment, so that neither the machine nor the venv moves it.
+Here (the test kit's fake API server over plain HTTP: no TLS connection) the share measured 6.8
+MiB with a hand-written kubelet codec in place of the protobuf runtime (1.9 MiB), which was not
+taken (docs/fleet.md), so ~8.7 MiB; ``SHARE_MIB`` allows 0.7 MiB over that. From the image's
+venv against a TLS server (``benchmarks/agent_rss.py``) the share is ~10 MiB (~50 MiB over a
+40.1 MiB floor); the issue's 45 MiB bar would be ~4.9 MiB there: not met (docs/fleet.md).
 """
 
 from __future__ import annotations
 
 import compileall
+import importlib.util
 import json
 import re
 import signal
@@ -65,6 +76,7 @@ NOT_LOADED = (
 
 
 REPO = Path(__file__).resolve().parents[2]
+SHARE_MIB = 9.4  # the agent's RSS over the same-run floor, as the chart runs it (see above)
 
 
 def chart_optimize() -> int:
@@ -113,6 +125,10 @@ def test_an_agent_that_served_a_plain_claim_holds_none_of_what_it_did_not_use(
         assert kubelet.unprepare([plain]).claims[plain.uid].error == ""
         loaded = modules_of(agent, optimize=optimize)
         assert "dra_driver.driver.checkpoint" in loaded and "grpc" in loaded  # it ran the agent
+        if optimize:
+            share = rss_mib(agent) - floor_mib(agent)
+            print(f"agent share over its floor: {share:.2f} MiB")
+            assert share <= SHARE_MIB, f"the agent holds {share:.1f} MiB over its floor"
         held = sorted(m for m in loaded if m.startswith(NOT_LOADED))
         assert not held, f"the agent holds modules it did not use: {held[:10]}"
         configured = put_claim(
@@ -130,6 +146,33 @@ def test_an_agent_that_served_a_plain_claim_holds_none_of_what_it_did_not_use(
     finally:
         kubelet.close()
         agent.kill()
+
+
+def rss_mib(agent: PluginProcess) -> float:
+    assert agent.proc is not None
+    status = Path(f"/proc/{agent.proc.pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def floor_mib(agent: PluginProcess) -> float:
+    """The RSS of ``benchmarks/agent_floor.py``'s probe with all its steps, run by the agent's
+    interpreter in the agent's environment."""
+    spec = importlib.util.spec_from_file_location(
+        "_agent_floor", REPO / "benchmarks/agent_floor.py"
+    )
+    assert spec is not None and spec.loader is not None
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+    names = [module for _, module in floor.STEPS if module]
+    out = subprocess.run(
+        [agent.argv[0], "-c", floor.PROBE, *names],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=agent.env,
+        timeout=60,
+    ).stdout
+    return int(out.split()[-1]) / 1024
 
 
 def start_agent(
