@@ -9,9 +9,10 @@ unless one of them has admin access or both hold shares of a multi-allocatable d
 Order of effects (crash-safety argument):
 prepare:   checkpoint PrepareStarted (carries the sharing intent, the MPS daemon and the dynamic
            MIG instances to create) → apply GPU sharing (:mod:`~dra_driver.driver.sharing`) →
-           MPS daemon running (:mod:`~dra_driver.driver.mpsclaims`) → create MIG instances
-           (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint PrepareCompleted →
-           mark its GPUs held (:mod:`~dra_driver.devices.holdings`; the slices follow, later)
+           MPS daemon running (:mod:`~dra_driver.driver.mps.mpsclaims`) → create MIG
+           instances (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint
+           PrepareCompleted → mark its GPUs held (:mod:`~dra_driver.devices.holdings`; the
+           slices follow, later)
 unprepare: restore GPU sharing defaults → destroy MIG instances → remove CDI spec → delete
            checkpoint record → release ownership and held GPUs → stop the MPS daemon if no
            claim record uses it any more (decided after the record is gone, so of claims
@@ -39,7 +40,7 @@ import dataclasses
 import errno
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import structlog
 
@@ -53,7 +54,7 @@ from dra_driver.driver import (
     claims,
     devicemeta,
     inventory,
-    lazymps,
+    mpspart,
     recordviews,
     recovery,
     results,
@@ -64,9 +65,6 @@ from dra_driver.driver import vfio as vfio_mod
 from dra_driver.driver.claimplan import DeviceTainted, DeviceTaints
 from dra_driver.driver.ownership import ClaimLocks, DeviceBusy, Ownership
 from dra_driver.kube import api as kube
-
-if TYPE_CHECKING:
-    from dra_driver.driver import mpsclaims
 
 __all__ = [
     "ClaimLocks",  # re-exported from .ownership, where they live
@@ -100,7 +98,7 @@ class ClaimState:
         gpu_sharing: sharing.GpuSharing | None = None,
         mig_instances: mig_mod.MigInstances | None = None,
         device_taints: DeviceTaints | None = None,
-        mps: lazymps.MpsPart | None = None,
+        mps: mpspart.MpsPart[Any] | None = None,
         held_gpus: holdings.HeldGpus | None = None,
         prepared: claiminfo.PreparedClaims | None = None,
         vfio: vfio_mod.VfioPart | None = None,
@@ -176,7 +174,7 @@ class ClaimState:
             planned = claimplan.plan(
                 ref, allocated, devices=self.devices, device_taints=self.device_taints
             )
-            needs, planned = lazymps.plan_claim(self.mps, ref, allocated, planned)
+            needs, planned = mpspart.plan_claim(self.mps, ref, allocated, planned)
             planned, meta = self.metadata.plan(ref, claim, planned), self.metadata.mounts(ref)
             wanted = sharing.targets(ref, planned)
             if self.mps is not None:
@@ -341,7 +339,7 @@ class ClaimState:
         planned: Sequence[cdi.Planned],
         spec: dict[str, object],
         migs: Mapping[str, checkpoint.MigRecord],
-        needs: Sequence[mpsclaims.Need],
+        needs: Sequence[mpspart.Need],
     ) -> checkpoint.ClaimRecord:
         return recordviews.build_record(
             ref,
