@@ -207,18 +207,33 @@ def _document(lines: list[str], parser: _Lines) -> Any:
         at, dashes, content_col, kind, key, value = seen.get(line) or parse(line)
         if pending:
             pending = False
-            if at > col or (at == col and dashes and is_map):  # a nested block
-                if dashes:
-                    made: Any = []
-                    stack.append((at, False, made))
-                else:
-                    made = {}
-                    stack.append((at, True, made))
+            if at > col and not dashes:  # a nested mapping (``KEY:`` then deeper entries)
+                made: Any = {}
                 if is_map:
                     into[waiting] = made
                 else:
                     into.append(made)
-                col, is_map, into = at, not dashes, made
+                stack.append((at, True, made))
+                if len(stack) > MAX_DEPTH:
+                    raise Unusual("deep")
+                col, is_map, into = at, True, made
+                if kind == _KV:
+                    made[key] = value
+                elif kind == _KEY:
+                    pending, waiting = True, key
+                elif kind == _KV_NEW:
+                    made[key] = _fresh(value)
+                else:
+                    raise Unusual("a scalar where a mapping entry belongs")
+                continue
+            if at > col or (at == col and dashes and is_map):  # a nested sequence
+                made = []
+                stack.append((at, False, made))
+                if is_map:
+                    into[waiting] = made
+                else:
+                    into.append(made)
+                col, is_map, into = at, False, made
                 if len(stack) > MAX_DEPTH:
                     raise Unusual("deep")
             elif is_map:
