@@ -31,7 +31,6 @@ from dra_driver.driver import (
     driverfiles,
     instances,
     inventory,
-    lazymps,
     sharing,
     state,
     vanished,
@@ -39,6 +38,7 @@ from dra_driver.driver import (
 from dra_driver.driver import driver as driver_mod
 from dra_driver.driver import mig as mig_mod
 from dra_driver.driver import vfio as vfio_mod
+from dra_driver.driver.mps import lazymps
 from dra_driver.kube import api as kube
 from dra_driver.kube import client, impersonation, objectclient
 from dra_driver.nodelabels import agent as nodelabels
@@ -48,7 +48,7 @@ from dra_driver.pluginsettings import ALLOCATION_SOURCES, PluginSettings
 from dra_driver.slices import allocwatch, leader, nodepublisher, serverfeatures
 
 if TYPE_CHECKING:
-    from dra_driver.driver import mpsclaims
+    from dra_driver.driver.mps import mpsclaims
 
 
 class Stoppable(Protocol):
@@ -197,7 +197,7 @@ def _mps_claims(
     metrics: metrics_mod.DriverMetrics | None,
 ) -> mpsclaims.MpsClaims:
     """MPS for claims, with its daemons (built when a claim first needs them: lazymps)."""
-    from dra_driver.driver import mpsclaims
+    from dra_driver.driver.mps import mpsclaims
 
     daemons = mps_daemons_for(
         settings,

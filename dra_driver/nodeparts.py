@@ -24,7 +24,8 @@ from dra_driver.kube import api as kube
 from dra_driver.pluginsettings import PluginSettings
 
 if TYPE_CHECKING:  # the MPS modules load with the first claim that needs them (lazymps)
-    from dra_driver.driver import mps, mpsprocess, mpsrecords, mpsrunner
+    from dra_driver.driver.mps import daemons as mps
+    from dra_driver.driver.mps import mpsprocess, mpsrecords, mpsrunner
 
 
 def gpu_control_for(
@@ -68,7 +69,8 @@ def mps_daemons_for(
     ``settings.mps_daemon_image`` each runs in a Pod of its own on this node (through ``api``;
     ``devices`` gives a GPU's device nodes), else as a process of the agent, in a mount
     namespace whose ``/dev/shm`` is the directory its clients get."""
-    from dra_driver.driver import mps, mpsprocess
+    from dra_driver.driver.mps import daemons as mps
+    from dra_driver.driver.mps import mpsprocess
 
     root_seen = settings.driver_root_mount or settings.driver_root
     command, env = mpsprocess.program(
@@ -106,7 +108,7 @@ def _pod_runner(
         return known.device_nodes if known is not None else ()
 
     def build(processes: mpsprocess.Processes) -> mpsrunner.DaemonRunner:
-        from dra_driver.driver import mpspod, mpspodspec
+        from dra_driver.driver.mps import mpspod, mpspodspec
         from dra_driver.kube import objectclient  # the client library, only when it is needed
 
         template = mpspodspec.PodTemplate(

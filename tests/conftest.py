@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import logcheck
+import phaselog
 import pytest
 import refdata
 import skipsummary
@@ -25,6 +26,8 @@ _MISSING = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Log lines between a test's phases are held for the next phase (tests/phaselog.py).
+    config.pluginmanager.register(phaselog.Phases(), "phaselog")
     config.addinivalue_line(
         "markers", "reference: reads ../shared/reference (skipped without it; CI=true requires it)"
     )
@@ -93,6 +96,15 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("=", "skipped, by reason")
         for line in skipsummary.lines(skipped, verbose=config.get_verbosity() > 0):
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(autouse=True)
+def _logging_set_up_restored() -> Iterator[None]:
+    """A test that runs ``cli.main`` in-process (``logs.configure``: JSON renderer, stdlib
+    bridge) leaves structlog and the root logger as it found them (tests/phaselog.py)."""
+    saved = phaselog.snapshot()
+    yield
+    phaselog.restore(saved)
 
 
 @pytest.fixture(autouse=True)

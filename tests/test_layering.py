@@ -340,3 +340,29 @@ def test_folder_rule_catches_a_back_import() -> None:
     assert [f.split(":")[0] for f in folder_cycles(graph, top=False)] == [
         "dra_driver.computedomain <-> dra_driver.pluginsettings"
     ]
+
+
+# ---------------------------------------------------------------------- the MPS package
+MPS = "dra_driver.driver.mps"
+
+
+def mps_importers(graph: dict[str, frozenset[str]]) -> list[str]:
+    """``module -> MPS module`` for every module of the driver core importing ``driver/mps/``."""
+    return sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if _within(m, ("dra_driver.driver",)) and not _within(m, (MPS,))
+        for t in targets
+        if _within(t, (MPS,))
+    )
+
+
+def test_the_driver_core_reaches_mps_only_through_its_interface() -> None:
+    """``driver/mps/`` builds on the driver core; the core imports none of it, not even for
+    types: the composition root hands it an ``MpsPart`` (``driver/mpspart.py``)."""
+    graph = {m: imports(m) for m in sources()}
+    assert mps_importers(graph) == []
+    assert "dra_driver.driver.mpspart" in graph["dra_driver.driver.state"]
+    assert graph[MPS] == frozenset()  # the package's __init__: lazymps loads alone
+    graph["dra_driver.driver.state"] |= {f"{MPS}.lazymps"}
+    assert mps_importers(graph) == [f"dra_driver.driver.state -> {MPS}.lazymps"]

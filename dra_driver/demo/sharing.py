@@ -25,7 +25,8 @@ from dra_driver.demo import report as reporting
 from dra_driver.demo import rig as rigging
 from dra_driver.devices import fake
 from dra_driver.devices.fake import profiles
-from dra_driver.driver import claims, mpspodspec
+from dra_driver.driver import claims
+from dra_driver.driver.mps import mpspodspec
 from dra_driver.kube.objects import PODS
 from dra_driver.testing import kubeletsim as sim
 from dra_driver.testing.podrunner import PodKubelet

@@ -18,7 +18,9 @@ from dra_driver import health_server, logs, records
 from dra_driver.deviceplugin import allocate, cdi, inventory, registrar, service
 from dra_driver.deviceplugin import mps as mps_replicas
 from dra_driver.devices import control, health, model, nvml, topology
-from dra_driver.driver import checkpoint, driverfiles, mps, mpsprocess, periodic
+from dra_driver.driver import checkpoint, driverfiles, periodic
+from dra_driver.driver.mps import daemons as mps
+from dra_driver.driver.mps import mpsprocess
 
 _log = logs.get("deviceplugin.app")
 

@@ -5,7 +5,7 @@ GPU (or MIG device) N times, and a container given one replica may use 1/N of it
 (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, whole MiB) and 100/N percent of its SMs
 (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``). One MPS control daemon per device runs for as long as the
 plugin serves MPS replicas; the daemons, their records and the GPUs' compute mode are managed by
-the same code as in DRA mode (:class:`dra_driver.driver.mps.MpsDaemons`): a restarted plugin
+the same code as in DRA mode (:class:`dra_driver.driver.mps.daemons.MpsDaemons`): a restarted plugin
 adopts them, a plugin started without MPS stops any it finds.
 
 A container gets exactly one replica: its process connects to one daemon (one pipe directory),
@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 from dra_driver import records
 from dra_driver.deviceplugin import inventory
-from dra_driver.driver import mps, mpsclaims
+from dra_driver.driver.mps import daemons as mps
+from dra_driver.driver.mps import mpsclaims
 
 
 @records.record

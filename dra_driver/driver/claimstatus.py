@@ -23,6 +23,7 @@ or replaced: UID conflict) is dropped.
 Pending writes are not persisted: a restart loses them (docs/status.md).
 
 Only the :class:`~dra_driver.kube.api.KubeApi` port is used (plain dicts, no client library).
+What the entries say is :mod:`~dra_driver.driver.statusentries`' (re-exported here).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import json
 import os
 import threading
 import time
@@ -41,13 +41,16 @@ from typing import Any
 import prometheus_client as prom
 import structlog
 
-from dra_driver import logs, records
+from dra_driver import logs
 from dra_driver import metrics as metrics_mod
-from dra_driver.devices import model
 from dra_driver.driver import checkpoint, claims, inventory
+from dra_driver.driver.statusentries import VANISHED_REASON as VANISHED_REASON
+from dra_driver.driver.statusentries import GpuFacts as GpuFacts
+from dra_driver.driver.statusentries import device_entries as device_entries
+from dra_driver.driver.statusentries import gpu_facts as gpu_facts
+from dra_driver.driver.statusentries import ready_condition as ready_condition
 from dra_driver.kube import api as kube
 
-MAX_DATA = 10 * 1024  # bytes of ``data`` the server takes
 RESULTS = ("success", "failure", "gone", "abandoned", "dropped")
 _COUNTERS: weakref.WeakKeyDictionary[prom.CollectorRegistry, prom.Counter] = (
     weakref.WeakKeyDictionary()
@@ -79,97 +82,6 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_c
 
 def field_manager(driver_name: str) -> str:
     return f"{driver_name}-kubelet-plugin"
-
-
-@records.record
-class GpuFacts:
-    uuid: str
-    pci_bus_id: str
-
-
-def gpu_facts(devices: model.NodeDevices) -> dict[int, GpuFacts]:
-    """Minor → the GPU's UUID and PCI bus ID, from discovery."""
-    return {g.minor: GpuFacts(uuid=g.uuid, pci_bus_id=g.pci_bus_id) for g in devices.gpus}
-
-
-def device_entries(
-    record: checkpoint.ClaimRecord,
-    *,
-    driver_name: str,
-    devices: inventory.Inventory,
-    gpus: Mapping[int, GpuFacts],
-    since: str,
-    lost: frozenset[str] = frozenset(),
-) -> list[dict[str, Any]]:
-    """One ``AllocatedDeviceStatus`` per device of a prepared claim's record; a device in
-    ``lost`` (its GPU vanished from the node) is ``Ready=False``, reason ``GpuVanished``."""
-    entries = []
-    for dev in record.devices:
-        entry: dict[str, Any] = {
-            "driver": driver_name,
-            "pool": dev.poolName,
-            "device": dev.deviceName,
-        }
-        if dev.shareId:
-            entry["shareID"] = dev.shareId
-        entry["data"] = _data(dev, devices.get(dev.deviceName), gpus)
-        entry["conditions"] = [ready_condition(dev, gone=dev.deviceName in lost, since=since)]
-        entries.append(entry)
-    return entries
-
-
-VANISHED_REASON = "GpuVanished"
-
-
-def ready_condition(dev: checkpoint.DeviceRecord, *, gone: bool, since: str) -> dict[str, str]:
-    """The device's ``Ready`` condition: prepared, or lost with its GPU (or a static MIG device
-    destroyed behind the driver's back: the same reason, the claim's Event says which)."""
-    if gone:
-        return {
-            "type": "Ready",
-            "status": "False",
-            "reason": VANISHED_REASON,
-            "message": (
-                "its GPU vanished from the node (or its MIG device was destroyed); the claim is "
-                "not moved to another device"
-            ),
-            "lastTransitionTime": since,
-        }
-    return {
-        "type": "Ready",
-        "status": "True",
-        "reason": "Prepared",
-        "message": "prepared on the node; CDI device " + ", ".join(dev.cdiDeviceIds),
-        "lastTransitionTime": since,
-    }
-
-
-def _data(
-    dev: checkpoint.DeviceRecord,
-    known: inventory.PreparableDevice | None,
-    gpus: Mapping[int, GpuFacts],
-) -> dict[str, Any]:
-    minors = known.gpu_minors if known is not None else ()
-    data: dict[str, Any] = {
-        "kind": known.kind if known is not None else "unknown",
-        "gpus": [
-            {
-                "minor": m,
-                "uuid": gpus[m].uuid if m in gpus else "",
-                "pciBusID": gpus[m].pci_bus_id if m in gpus else "",
-            }
-            for m in minors
-        ],
-    }
-    if dev.mig is not None and dev.mig.uuid:  # dynamic MIG: the instance prepare created
-        data["migUUID"] = dev.mig.uuid
-    elif known is not None and known.kind == "mig":
-        data["migUUID"] = known.uuid
-    if dev.shareId:
-        data["share"] = dict(dev.consumedCapacity)
-    if len(json.dumps(data, separators=(",", ":"))) > MAX_DATA:  # never refused for its size
-        data = {"kind": data["kind"], "truncated": True}
-    return data
 
 
 def writes_counter(metrics: metrics_mod.DriverMetrics) -> prom.Counter:

@@ -34,7 +34,8 @@ device without config entries gets :data:`DEFAULT` at once, and the strict pydan
 their result as the plain frozen dataclasses below, the one type callers ever see.
 
 The merged ``sharing`` is applied to the GPU at prepare by :mod:`dra_driver.driver.sharing`
-(time-slicing) and :mod:`dra_driver.driver.mps` (MPS), and restored at unprepare; ``env`` goes
+(time-slicing) and :mod:`dra_driver.driver.mps.daemons` (MPS), and restored at unprepare;
+``env`` goes
 into the claim's CDI spec (:mod:`dra_driver.driver.cdi`); the user-facing description is
 ``docs/config.md``.
 """

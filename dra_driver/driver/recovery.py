@@ -17,13 +17,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
 from dra_driver import logs
 from dra_driver.devices import holdings
-from dra_driver.driver import cdi, checkpoint, claims, devicemeta, inventory, lazymps, sharing
+from dra_driver.driver import cdi, checkpoint, claims, devicemeta, inventory, mpspart, sharing
 from dra_driver.driver import mig as mig_mod
 from dra_driver.driver import vfio as vfio_mod
 from dra_driver.driver.ownership import Ownership
@@ -54,7 +54,7 @@ class ClaimStateParts(Protocol):
     def sharing(self) -> GpuSharing: ...
 
     @property
-    def mps(self) -> lazymps.MpsPart | None: ...
+    def mps(self) -> mpspart.MpsPart[Any] | None: ...
 
     @property
     def mig(self) -> mig_mod.MigInstances: ...

@@ -67,7 +67,7 @@ def targets(ref: claims.ClaimRef, planned: Sequence[cdi.Planned]) -> tuple[Targe
     found: list[Target] = []
     for item in planned:
         sharing = item.config.sharing
-        if sharing is None or sharing.strategy != "TimeSlicing":  # MPS: driver/mps.py
+        if sharing is None or sharing.strategy != "TimeSlicing":  # MPS: driver/mps/daemons.py
             continue
         if item.device.kind == "gpu-set":
             interval = sharing.time_slicing.interval if sharing.time_slicing else "Default"

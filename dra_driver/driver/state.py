@@ -9,9 +9,10 @@ unless one of them has admin access or both hold shares of a multi-allocatable d
 Order of effects (crash-safety argument):
 prepare:   checkpoint PrepareStarted (carries the sharing intent, the MPS daemon and the dynamic
            MIG instances to create) → apply GPU sharing (:mod:`~dra_driver.driver.sharing`) →
-           MPS daemon running (:mod:`~dra_driver.driver.mpsclaims`) → create MIG instances
-           (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint PrepareCompleted →
-           mark its GPUs held (:mod:`~dra_driver.devices.holdings`; the slices follow, later)
+           MPS daemon running (:mod:`~dra_driver.driver.mps.mpsclaims`) → create MIG
+           instances (:mod:`~dra_driver.driver.mig`) → write CDI spec → checkpoint
+           PrepareCompleted → mark its GPUs held (:mod:`~dra_driver.devices.holdings`; the
+           slices follow, later)
 unprepare: restore GPU sharing defaults → destroy MIG instances → remove CDI spec → delete
            checkpoint record → release ownership and held GPUs → stop the MPS daemon if no
            claim record uses it any more (decided after the record is gone, so of claims
@@ -38,23 +39,22 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import structlog
 
 from dra_driver import logs
-from dra_driver.apimachinery import taints
 from dra_driver.devices import holdings
 from dra_driver.driver import (
     cdi,
     checkpoint,
     claiminfo,
+    claimplan,
     claims,
-    config,
     devicemeta,
     inventory,
-    lazymps,
+    mpspart,
     recordviews,
     recovery,
     results,
@@ -62,17 +62,15 @@ from dra_driver.driver import (
 )
 from dra_driver.driver import mig as mig_mod
 from dra_driver.driver import vfio as vfio_mod
+from dra_driver.driver.claimplan import DeviceTainted, DeviceTaints
 from dra_driver.driver.ownership import ClaimLocks, DeviceBusy, Ownership
 from dra_driver.kube import api as kube
-
-if TYPE_CHECKING:
-    from dra_driver.driver import mpsclaims
 
 __all__ = [
     "ClaimLocks",  # re-exported from .ownership, where they live
     "ClaimState",
     "DeviceBusy",
-    "DeviceTainted",
+    "DeviceTainted",  # re-exported from .claimplan, where they live
     "DeviceTaints",
     "FileProblem",
     "Ownership",
@@ -82,15 +80,6 @@ __all__ = [
 
 class FileProblem(claims.ClaimError):
     """A claim's file (CDI spec) cannot be written or removed; names the claim and the file."""
-
-
-class DeviceTainted(claims.ClaimError):
-    """A device is tainted (unhealthy) and the claim's request does not tolerate the taint."""
-
-
-# Device name → its current taints (``{"key", "value", "effect"}``, plus a ``message`` saying
-# why, for the refusal); the node's health.
-DeviceTaints = Callable[[str], Sequence[Mapping[str, Any]]]
 
 
 class ClaimState:
@@ -109,7 +98,7 @@ class ClaimState:
         gpu_sharing: sharing.GpuSharing | None = None,
         mig_instances: mig_mod.MigInstances | None = None,
         device_taints: DeviceTaints | None = None,
-        mps: lazymps.MpsPart | None = None,
+        mps: mpspart.MpsPart[Any] | None = None,
         held_gpus: holdings.HeldGpus | None = None,
         prepared: claiminfo.PreparedClaims | None = None,
         vfio: vfio_mod.VfioPart | None = None,
@@ -182,8 +171,10 @@ class ClaimState:
             allocated = claims.allocated_devices(
                 claim, ref=ref, driver=self.driver_name, pool=self.pool_name
             )
-            planned = self._plan(ref, allocated)
-            needs, planned = lazymps.plan_claim(self.mps, ref, allocated, planned)
+            planned = claimplan.plan(
+                ref, allocated, devices=self.devices, device_taints=self.device_taints
+            )
+            needs, planned = mpspart.plan_claim(self.mps, ref, allocated, planned)
             planned, meta = self.metadata.plan(ref, claim, planned), self.metadata.mounts(ref)
             wanted = sharing.targets(ref, planned)
             if self.mps is not None:
@@ -341,48 +332,6 @@ class ClaimState:
         vfio = vfio_mod.ownership_keys(self.devices, allocated) if self.vfio else []
         return [*allocated, *self.mig.ownership_keys(allocated), *vfio]
 
-    def _plan(
-        self, ref: claims.ClaimRef, allocated: Sequence[claims.AllocatedDevice]
-    ) -> list[cdi.Planned]:
-        planned: list[cdi.Planned] = []
-        for dev in allocated:
-            known = self.devices.get(dev.device)
-            if known is None:
-                raise claims.ClaimError(
-                    f"{ref}: device {dev.pool}/{dev.device} (request {dev.request}) is not a "
-                    "device of this node"
-                )
-            if known.problem:
-                raise claims.ClaimError(
-                    f"{ref}: device {dev.device} cannot be prepared: {known.problem}"
-                )
-            self._check_taints(ref, dev)
-            cfg = config.effective(dev.configs, ref=ref, kind=known.kind)
-            planned.append(cdi.Planned(device=known, request=dev.request_name, config=cfg))
-        clashes = inventory.overlaps(
-            [(p.device.name, p.device) for p in planned],
-            shares=[d.share_id is not None for d in allocated],
-        )
-        if clashes:
-            raise claims.ClaimError(
-                f"{ref}: refusing a claim whose devices overlap in physical GPUs: "
-                + "; ".join(clashes)
-            )
-        return planned
-
-    def _check_taints(self, ref: claims.ClaimRef, dev: claims.AllocatedDevice) -> None:
-        if self.device_taints is None:
-            return
-        device_taints = self.device_taints(dev.device)
-        blocking = taints.first_untolerated(device_taints, dev.tolerations)
-        if blocking is not None:
-            reason = blocking.get("message") or "the device is unhealthy"
-            raise DeviceTainted(
-                f"{ref}: device {dev.pool}/{dev.device} is tainted "
-                f"{taints.describe(blocking)} ({reason}) and request {dev.request} does not "
-                "tolerate it"
-            )
-
     def _record(
         self,
         ref: claims.ClaimRef,
@@ -390,7 +339,7 @@ class ClaimState:
         planned: Sequence[cdi.Planned],
         spec: dict[str, object],
         migs: Mapping[str, checkpoint.MigRecord],
-        needs: Sequence[mpsclaims.Need],
+        needs: Sequence[mpspart.Need],
     ) -> checkpoint.ClaimRecord:
         return recordviews.build_record(
             ref,

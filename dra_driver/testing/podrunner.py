@@ -1,7 +1,7 @@
 """A kubelet's pod-running half for tests and the demo: the Pods bound to a node, run as processes.
 
 Why it exists: no kubelet runs here, yet the node agent runs its MPS control daemons as Pods
-(:mod:`dra_driver.driver.mpspod`) and waits for them to be Ready. :class:`PodKubelet` plays the
+(:mod:`dra_driver.driver.mps.mpspod`) and waits for them to be Ready. :class:`PodKubelet` plays the
 kubelet's part for one node against an :class:`~dra_driver.kube.objects.ObjectApi` (the
 in-memory store, or any API server through the real client): it watches the Pods whose
 ``spec.nodeName`` is its node, runs each Pod's container (``command`` + ``args``, its ``env`` on

@@ -2,7 +2,7 @@
 (never a ClusterRole) for Pods in the release namespace, and a ValidatingAdmissionPolicy that
 keeps each agent to daemon Pods on its own node. The policy's CEL is evaluated as the API server
 would (cel-expr-python), against hand-made requests and against the very Pods the agent's
-:class:`~dra_driver.driver.mpspod.PodRunner` sends, through an admission hook of the in-memory
+:class:`~dra_driver.driver.mps.mpspod.PodRunner` sends, through an admission hook of the in-memory
 API server. (The recorded kube-apiserver verdicts in ``../shared/reference/apiserver-verdicts``
 cover ResourceSlices, ResourceClaims and DeviceClasses only; none applies to Pods.)"""
 
@@ -19,9 +19,9 @@ from cel_expr_python import cel
 from cel_expr_python.ext import ext_optional
 from google.protobuf import descriptor_pool
 
-from dra_driver.driver import mpspod, mpspodspec, mpsprocess
-from dra_driver.driver.mpsrecords import DaemonDevice, DaemonRecord, Dirs, MpsError
-from dra_driver.driver.mpsrunner import Launch
+from dra_driver.driver.mps import mpspod, mpspodspec, mpsprocess
+from dra_driver.driver.mps.mpsrecords import DaemonDevice, DaemonRecord, Dirs, MpsError
+from dra_driver.driver.mps.mpsrunner import Launch
 from dra_driver.kube import api
 from dra_driver.kube.objects import PODS, Kind
 from dra_driver.testing.fakeapi import memory

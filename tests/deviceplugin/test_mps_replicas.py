@@ -13,7 +13,7 @@ from dra_driver import logs
 from dra_driver.deviceplugin import inventory
 from dra_driver.deviceplugin import mps as mps_replicas
 from dra_driver.devices import fake
-from dra_driver.driver import mps
+from dra_driver.driver.mps import daemons as mps
 
 from .test_cdi import A100_MIG_MINORS
 

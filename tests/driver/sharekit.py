@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from dra_driver.driver import mpsprocess
+from dra_driver.driver.mps import mpsprocess
 
 from .conftest import DRIVER, NODE, Node, claim_obj
 

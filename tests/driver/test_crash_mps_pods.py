@@ -25,8 +25,9 @@ import pytest
 
 from dra_driver import app, logs
 from dra_driver.devices import fake
-from dra_driver.driver import checkpoint, claims, mpspodspec, mpsprocess
+from dra_driver.driver import checkpoint, claims
 from dra_driver.driver import driver as driver_mod
+from dra_driver.driver.mps import mpspodspec, mpsprocess
 from dra_driver.kube import client
 from dra_driver.kube.objectclient import ObjectClient
 from dra_driver.kube.objects import PODS

@@ -6,13 +6,13 @@ the driver core on a fake node, prepares, supervises, restarts (recovery) and un
 claim,
 
 * a claim without opaque config loads neither config models module (``configmodels``,
-  ``nvidiamodels``) nor any ``dra_driver.driver.mps*`` module, no module of ours executes an
-  ``import pydantic``, and pydantic is not loaded at all (checkpoint records and the fake GPU
-  backend are dataclasses with their own strict decoders);
+  ``nvidiamodels``) nor any module of ``dra_driver.driver.mps`` but ``lazymps``, no module of
+  ours executes an ``import pydantic``, and pydantic is not loaded at all (checkpoint records
+  and the fake GPU backend are dataclasses with their own strict decoders);
 * a claim with our config loads our models only, one with NVIDIA's MPS config both models and
   MPS, and both are prepared as they ask.
 
-And :class:`~dra_driver.driver.lazymps.LazyMpsClaims` builds the real MPS part exactly when
+And :class:`~dra_driver.driver.mps.lazymps.LazyMpsClaims` builds the real MPS part exactly when
 something on the node needs it (counted with a stand-in).
 """
 
@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.driver import claims, lazymps
+from dra_driver.driver import claims
+from dra_driver.driver.mps import lazymps
 
 from .conftest import gpu_config, opaque
 
@@ -127,7 +128,12 @@ def run_agent(tmp_path: Path, config: list[dict[str, Any]] | None = None) -> dic
 
 
 def mps_modules(modules: list[str]) -> list[str]:
-    return [m for m in modules if m.startswith("dra_driver.driver.mps")]
+    """The MPS package's modules but its lazy stand-in (``lazymps``) and the package itself."""
+    return [
+        m
+        for m in modules
+        if m.startswith("dra_driver.driver.mps.") and m != "dra_driver.driver.mps.lazymps"
+    ]
 
 
 def test_a_claim_without_opaque_config_loads_no_config_model_and_no_mps(tmp_path: Path) -> None:
@@ -158,7 +164,8 @@ def test_nvidias_mps_config_loads_both_models_and_mps(tmp_path: Path) -> None:
     found = run_agent(tmp_path, [opaque(params)])
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20" in found["env"]
     assert set(LAZY) <= set(found["modules"])
-    assert {"dra_driver.driver.mpsclaims", "dra_driver.driver.mps"} <= set(found["modules"])
+    mps = {"dra_driver.driver.mps.mpsclaims", "dra_driver.driver.mps.daemons"}
+    assert mps <= set(found["modules"])
 
 
 # ---- LazyMpsClaims with a stand-in for the real part ------------------------------------------

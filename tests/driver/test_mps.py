@@ -14,7 +14,9 @@ import pytest
 import structlog
 
 from dra_driver.devices import control
-from dra_driver.driver import atomicfile, mps, mpsclaims, mpsprocess
+from dra_driver.driver import atomicfile
+from dra_driver.driver.mps import daemons as mps
+from dra_driver.driver.mps import mpsclaims, mpsprocess
 from dra_driver.testing import polling
 
 from . import sharekit

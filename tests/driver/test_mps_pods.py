@@ -16,7 +16,7 @@ import structlog
 
 from dra_driver import metrics as metrics_mod
 from dra_driver.devices.fake import fakemps
-from dra_driver.driver import mpspodspec
+from dra_driver.driver.mps import mpspodspec
 from dra_driver.kube import api as kube
 from dra_driver.kube.objects import PODS
 from dra_driver.testing.polling import poll
@@ -203,7 +203,7 @@ def test_a_pod_a_crash_left_unrecorded_is_taken_over_not_doubled(pn: podkit.PodN
     runner = daemons.runner
     launch_record = daemons.records()["gpu-3"]
     current = pn.pod_of("gpu-3")
-    from dra_driver.driver.mpsrunner import Launch
+    from dra_driver.driver.mps.mpsrunner import Launch
 
     launch = Launch(daemon_id="gpu-3", devices=launch_record.devices, dirs=daemons.dirs("gpu-3"))
     with structlog.testing.capture_logs() as logged:
@@ -358,7 +358,7 @@ def test_pod_states_say_what_a_claim_error_needs() -> None:
 def test_the_daemon_pod_passes_the_strict_pod_schema(pn: podkit.PodNode) -> None:
     daemons = pn.node.driver.state.mps.daemons  # type: ignore[union-attr]
     runner = daemons.runner
-    from dra_driver.driver.mpsrecords import DaemonDevice
+    from dra_driver.driver.mps.mpsrecords import DaemonDevice
 
     devices = [DaemonDevice(name="gpu-0", uuid="GPU-a", kind="gpu")]
     pod = mpspodspec.build(

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from dra_driver.devices.fake import fakemps
-from dra_driver.driver import driverfiles, mpsprocess
+from dra_driver.driver import driverfiles
+from dra_driver.driver.mps import mpsprocess
 
 
 def dirs(tmp_path: Path) -> tuple[Path, Path, Path]:

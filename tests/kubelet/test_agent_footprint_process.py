@@ -58,6 +58,9 @@ sys.argv[0] = "dra_driver"
 runpy.run_module("dra_driver", run_name="__main__", alter_sys=True)
 """
 
+# The MPS package but its lazy stand-in (lazymps, which the agent always holds).
+_MPS = "daemons mpsclaims mpspod mpspodspec mpsprocess mpsrecords mpsrunner mpssteps"
+MPS_MODULES = tuple(f"dra_driver.driver.mps.{m}" for m in _MPS.split())
 NOT_LOADED = (
     "kubernetes",
     "urllib3",
@@ -65,7 +68,7 @@ NOT_LOADED = (
     "zipfile",  # importlib.resources' readers
     "dra_driver.driver.configmodels",
     "dra_driver.driver.nvidiamodels",
-    "dra_driver.driver.mps",  # mps, mpsclaims, mpsrecords, ...
+    *MPS_MODULES,
     "dra_driver.devices.fake.fakemps",
     "dra_driver.cdagent",
     "dra_driver.computedomain.nodedriver",
@@ -142,7 +145,7 @@ def test_an_agent_that_served_a_plain_claim_holds_none_of_what_it_did_not_use(
         assert '"A=b"' in spec  # the config was decoded and applied
         loaded = modules_of(agent, optimize=optimize)
         assert {"pydantic", "dra_driver.driver.configmodels"} <= loaded  # loaded once needed
-        assert not any(m.startswith("dra_driver.driver.mps") for m in loaded)
+        assert not any(m.startswith(MPS_MODULES) for m in loaded)
     finally:
         kubelet.close()
         agent.kill()

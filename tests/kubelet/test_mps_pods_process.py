@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.driver import claims, mpspodspec
+from dra_driver.driver import claims
+from dra_driver.driver.mps import mpspodspec
 from dra_driver.kube.objects import PODS
 from dra_driver.testing import polling
 from dra_driver.testing.fakeapi import fakeserver

@@ -3,7 +3,7 @@
 Why it exists: on fake nodes (tests, the demo, CPU-only kind clusters) the node agent must still
 start, supervise, adopt and stop one MPS control daemon per shared GPU. This small program plays
 the real binary's part, with the same command line and environment, so the agent's code path is
-the one it uses with real GPUs (:mod:`dra_driver.driver.mps`):
+the one it uses with real GPUs (:mod:`dra_driver.driver.mps.daemons`):
 
 * ``python -m dra_driver.devices.fake.fakemps -f`` (or ``python -I -S .../fakemps.py -f``, as the
   node agent runs it: this module needs nothing beyond the standard library, and must not): the

@@ -1,11 +1,11 @@
 """The MPS control program as processes: spawn a daemon, talk to it, find it, end it.
 
-Why it exists: :mod:`dra_driver.driver.mps` decides *when* a daemon runs and keeps the records;
+Why it exists: :mod:`~.daemons` decides *when* a daemon runs and keeps the records;
 this module knows *how* a process is started (foreground ``-f``, its own session so it outlives
 the agent, a marker in its environment), recognised again after an agent restart (pid plus the
 kernel's start time, so a reused pid never passes for it), asked to ``quit`` through the control
 client, and, if it does not, ended with SIGTERM and SIGKILL. :class:`ProcessRunner` is the
-:class:`~dra_driver.driver.mpsrunner.DaemonRunner` on top (daemons as the agent's own processes,
+:class:`~dra_driver.driver.mps.mpsrunner.DaemonRunner` on top (daemons as the agent's own processes,
 outside a cluster); the Pod runner uses :meth:`Processes.quit` too. The program is a command
 prefix (:func:`program`): the real ``nvidia-cuda-mps-control`` or the stand-in
 :mod:`dra_driver.devices.fake.fakemps`. The periodic housekeeping is
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Final, Literal
 
 from dra_driver.driver import driverfiles
-from dra_driver.driver.mpsrecords import DaemonRecord, Dirs, MpsError
-from dra_driver.driver.mpsrunner import Launch, Liveness, Stray
+from dra_driver.driver.mps.mpsrecords import DaemonRecord, Dirs, MpsError
+from dra_driver.driver.mps.mpsrunner import Launch, Liveness, Stray
 
 MARKER: Final = "DRA_DRIVER_MPS_DAEMON"
 POLL_S: Final = 0.02

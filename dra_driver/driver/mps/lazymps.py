@@ -1,12 +1,12 @@
 """MPS for claims, loaded the first time something on this node needs it.
 
-Why it exists: the MPS machinery (:mod:`~dra_driver.driver.mpsclaims`, :mod:`~.mps` and the
+Why it exists: the MPS machinery (:mod:`~dra_driver.driver.mps.mpsclaims`, :mod:`~.mps` and the
 daemon records, runners and steps below it, with pydantic for the records) serves only claims
 that run through an MPS control daemon: shares of a shared GPU and devices whose merged config
 says ``strategy: MPS``. Most nodes never see one, and one agent runs per GPU node, so what those
 modules cost in memory is paid fleet-wide for nothing. :class:`LazyMpsClaims` stands where the
 claim state, recovery and the periodic supervision expect an
-:class:`~dra_driver.driver.mpsclaims.MpsClaims` and builds the real one only when
+:class:`~dra_driver.driver.mps.mpsclaims.MpsClaims` and builds the real one only when
 
 * a claim's devices include a share or an MPS config (its plan),
 * a claim record names an MPS daemon (its unprepare, start-up recovery, supervision), or
@@ -22,84 +22,17 @@ found through the API server, not on disk, so every recovery and supervision rou
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from dra_driver.driver import cdi, checkpoint, claims, config, inventory
+from dra_driver.driver import checkpoint, claims
+from dra_driver.driver.mpspart import Item, uses_mps
 
 if TYPE_CHECKING:
-    from dra_driver.driver import mps, mpsclaims
-
-# (allocated device, the node's device, its merged config): what a claim's MPS plan looks at.
-Item = tuple[claims.AllocatedDevice, inventory.PreparableDevice, config.GpuConfig]
-
-
-class MpsPart(Protocol):
-    """What the claim state and recovery use of :class:`~.mpsclaims.MpsClaims`."""
-
-    @property
-    def daemons(self) -> mps.MpsDaemons: ...
-
-    def plan(
-        self, ref: claims.ClaimRef, items: Sequence[Item]
-    ) -> tuple[tuple[mpsclaims.Need, ...], dict[str, Any]]: ...
-
-    def check_time_slicing(self, ref: claims.ClaimRef, uuids: Collection[str]) -> None: ...
-
-    def acquire(
-        self,
-        ref: claims.ClaimRef,
-        needs: Sequence[mpsclaims.Need],
-        *,
-        time_sliced: Collection[str],
-    ) -> None: ...
-
-    def release(self, record: checkpoint.ClaimRecord) -> None: ...
-
-    def check(self) -> None: ...
-
-    def recover(self, prepared: Sequence[checkpoint.ClaimRecord]) -> list[str]: ...
-
-
-def uses_mps(share_id: str | None, cfg: config.GpuConfig) -> bool:
-    """Whether a device may run through an MPS daemon: a share, or a config asking for MPS."""
-    return share_id is not None or (cfg.sharing is not None and cfg.sharing.strategy == "MPS")
-
-
-def plan_claim(
-    mps_claims: MpsPart | None,
-    ref: claims.ClaimRef,
-    allocated: Sequence[claims.AllocatedDevice],
-    planned: list[cdi.Planned],
-) -> tuple[tuple[mpsclaims.Need, ...], list[cdi.Planned]]:
-    """A claim's MPS needs, and its planned devices with their MPS container edits.
-
-    ``mps_claims`` None: the plugin runs without MPS, and a claim that needs it is refused. So
-    is MPS on a dynamic MIG device (its instance, and so its UUID, exists only once prepared).
-    """
-    items = [(dev, p.device, p.config) for dev, p in zip(allocated, planned, strict=True)]
-    if mps_claims is None:
-        if any(d.share_id or (c.sharing and c.sharing.strategy == "MPS") for d, _, c in items):
-            raise claims.ClaimError(f"{ref}: uses MPS, but this plugin runs without MPS")
-        return (), planned
-    needs, edits = mps_claims.plan(ref, items)
-    using = {n.device.name for n in needs}
-    dynamic = sorted(
-        p.device.name for p in planned if p.device.placement and p.device.name in using
-    )
-    if dynamic:
-        from dra_driver.driver import mpsclaims
-
-        raise mpsclaims.MpsClaimError(
-            f"{ref}: device {dynamic[0]} is a dynamic MIG device (its MIG instance is made at "
-            "prepare): MPS on it is not supported"
-        )
-    return needs, [
-        dataclasses.replace(p, edits=edits) if p.device.name in using else p for p in planned
-    ]
+    from dra_driver.driver.mps import daemons as mps
+    from dra_driver.driver.mps import mpsclaims
 
 
 class LazyMpsClaims:

@@ -1,8 +1,8 @@
 """The MPS control daemons' records on disk, their directories and their locks.
 
-Why its own module: :mod:`dra_driver.driver.mps` decides when a daemon starts, stops, is adopted
-or restarted; the daemon runners (:mod:`~dra_driver.driver.mpsprocess` for processes,
-:mod:`~dra_driver.driver.mpspod` for Pods) decide how it runs. Both halves read and write the
+Why its own module: :mod:`~.daemons` decides when a daemon starts, stops, is adopted
+or restarted; the daemon runners (:mod:`~dra_driver.driver.mps.mpsprocess` for processes,
+:mod:`~dra_driver.driver.mps.mpspod` for Pods) decide how it runs. Both halves read and write the
 same thing — one record per daemon, ``<plugin dir>/mps/daemons/<id>.json``, under a file lock
 per daemon that every agent instance on the node takes (seamless upgrades run two) — so it is
 kept here, below both.

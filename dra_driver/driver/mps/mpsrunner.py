@@ -1,13 +1,13 @@
 """How an MPS control daemon runs: the interface between the daemons' life cycle and its runners.
 
-Why it exists: :class:`~dra_driver.driver.mps.MpsDaemons` owns *when* a daemon runs — records,
+Why it exists: :class:`~.daemons.MpsDaemons` owns *when* a daemon runs — records,
 locks, compute mode, directories, adoption, supervision, crash recovery — and is the same
 whatever runs the daemon. A :class:`DaemonRunner` owns *how*:
 
-* :class:`~dra_driver.driver.mpsprocess.ProcessRunner`: a child process of the agent in its own
+* :class:`~dra_driver.driver.mps.mpsprocess.ProcessRunner`: a child process of the agent in its own
   session (outside a cluster: ``demo``, tests, ``--fake`` without an API server; it stops with
   the agent's container);
-* :class:`~dra_driver.driver.mpspod.PodRunner`: a Pod of its own on this node, created through
+* :class:`~dra_driver.driver.mps.mpspod.PodRunner`: a Pod of its own on this node, created through
   the API server, which outlives agent upgrades and restarts (the chart's default).
 
 A runner never touches compute modes or records: it names what it will run before it runs
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Literal, Protocol
 
 from dra_driver import records
-from dra_driver.driver.mpsrecords import DaemonDevice, DaemonRecord, Dirs
+from dra_driver.driver.mps.mpsrecords import DaemonDevice, DaemonRecord, Dirs
 
 Reason = Literal["exited", "deleted"]
 

@@ -3,12 +3,12 @@
 Why it exists: a daemon that runs inside the agent's container dies with it — every rolling
 update, OOM kill or liveness restart of the agent would end the CUDA contexts of every shared-GPU
 workload on the node (MPS clients do not reconnect). So, as NVIDIA's driver does, each daemon
-runs in a Pod of its own on this node (:mod:`~dra_driver.driver.mpspodspec` builds it), created
+runs in a Pod of its own on this node (:mod:`~dra_driver.driver.mps.mpspodspec` builds it), created
 through the API server; a new agent finds it by its name, which derives from node and daemon.
 
 The API server is the lock between agents: a Pod name exists once (a second create gets
 AlreadyExists), every delete carries the UID the agent saw (it never removes a newer incarnation),
-and :class:`~dra_driver.driver.mps.MpsDaemons` already holds the daemon's file lock around each
+and :class:`~.daemons.MpsDaemons` already holds the daemon's file lock around each
 step. A start whose create finds the Pod there (a crash between the create and the record of its
 UID) takes that Pod over when it serves the same devices and still runs; anything else under the
 name is deleted first. Stopping asks the daemon to ``quit`` over its control socket (the real
@@ -29,9 +29,9 @@ from typing import Final, Literal
 
 import structlog
 
-from dra_driver.driver import mpspodspec, mpsprocess
-from dra_driver.driver.mpsrecords import DaemonRecord, Dirs, MpsError
-from dra_driver.driver.mpsrunner import Launch, Liveness, Stray
+from dra_driver.driver.mps import mpspodspec, mpsprocess
+from dra_driver.driver.mps.mpsrecords import DaemonRecord, Dirs, MpsError
+from dra_driver.driver.mps.mpsrunner import Launch, Liveness, Stray
 from dra_driver.kube import api
 from dra_driver.kube.objects import PODS, ObjectApi
 
@@ -39,7 +39,7 @@ Obj = api.Obj
 
 
 class PodRunner:
-    """:class:`~dra_driver.driver.mpsrunner.DaemonRunner` of daemons in Pods of this node."""
+    """:class:`~dra_driver.driver.mps.mpsrunner.DaemonRunner` of daemons in Pods of this node."""
 
     kind: Final[Literal["pod"]] = "pod"
 

@@ -1,6 +1,6 @@
 """The steps of one MPS control daemon's life, under its lock: start, stop, keep, restart.
 
-Why its own module: :class:`~dra_driver.driver.mps.MpsDaemons` is the daemons' public face and
+Why its own module: :class:`~.daemons.MpsDaemons` is the daemons' public face and
 adds start-up recovery (adopting, stopping, ending strays); this is the part every running agent
 uses all the time — the ordered start and stop steps whose crash safety :mod:`.mps` argues
 (record first, compute mode, directories, the runner; the reverse to stop), joining a running
@@ -18,15 +18,15 @@ from typing import Protocol
 import structlog
 
 from dra_driver.devices import control
-from dra_driver.driver import mpsprocess
-from dra_driver.driver.mpsrecords import (
+from dra_driver.driver.mps import mpsprocess
+from dra_driver.driver.mps.mpsrecords import (
     DaemonDevice,
     DaemonRecord,
     Dirs,
     MpsError,
     Records,
 )
-from dra_driver.driver.mpsrunner import DaemonRunner, Launch, Liveness
+from dra_driver.driver.mps.mpsrunner import DaemonRunner, Launch, Liveness
 
 # Who uses a daemon (claim UIDs): its clients, lost when it dies.
 Clients = Callable[[str], Sequence[str]]
@@ -55,7 +55,7 @@ class DaemonSteps:
         metrics: MpsMetrics | None = None,
     ) -> None:
         """``runner``: builds the runner new daemons start with from the program's processes
-        (default: :class:`~dra_driver.driver.mpsprocess.ProcessRunner`); records a process made
+        (default: :class:`~dra_driver.driver.mps.mpsprocess.ProcessRunner`); records a process made
         stay with a process runner. ``metrics`` counts restarts and the clients they cost."""
         self.root = root
         self.gpu_control = gpu_control

@@ -1,7 +1,7 @@
 """Which devices of a claim run through MPS, under which daemon, and what their containers get.
 
 Why it exists: it is the policy between a claim's allocation and the MPS daemons
-(:mod:`dra_driver.driver.mps`). For each device of a claim:
+(:mod:`dra_driver.driver.mps.daemons`). For each device of a claim:
 
 * a **share** of a shared GPU (the allocation result has a ``shareID``) runs through that GPU's
   daemon (daemon id = the device name, e.g. ``gpu-3``) with limits from its ``consumedCapacity``:
@@ -21,8 +21,8 @@ when a claim holds two shares of one GPU).
 
 :class:`MpsClaims` ties this to the daemons and the checkpoint: acquire at prepare, release at
 unprepare (the last claim using a daemon stops it), recover at start-up. The claim state reaches
-it through :mod:`~dra_driver.driver.lazymps`, which imports this module only when a claim needs
-MPS (and plans a claim's devices: :func:`~dra_driver.driver.lazymps.plan_claim`).
+it through :mod:`~dra_driver.driver.mps.lazymps`, which imports this module only when a claim needs
+MPS (and plans a claim's devices: :func:`~dra_driver.driver.mps.lazymps.plan_claim`).
 """
 
 from __future__ import annotations
@@ -35,17 +35,15 @@ import structlog
 
 from dra_driver import records
 from dra_driver.devices import model
-from dra_driver.driver import checkpoint, claims, config, inventory, mps
+from dra_driver.driver import checkpoint, claims, config, inventory
+from dra_driver.driver.mps import daemons as mps
+from dra_driver.driver.mpspart import MpsClaimError  # defined in the core: plan_claim raises it
 from dra_driver.slices import shares
 
 CONTAINER_PIPE: Final = "/tmp/nvidia-mps"
 CONTAINER_SHM: Final = "/dev/shm"
 MOUNT_OPTIONS: Final = ("rw", "nosuid", "nodev", "bind")
 _MIB: Final = 1 << 20
-
-
-class MpsClaimError(claims.ClaimError):
-    """A claim's MPS use cannot be prepared as asked (names the claim and device)."""
 
 
 @records.record

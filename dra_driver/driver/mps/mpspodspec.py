@@ -1,6 +1,6 @@
 """The Pod an MPS control daemon runs in: its name, labels and spec, and what its status says.
 
-Why its own module: :mod:`~dra_driver.driver.mpspod` drives the Pod's life through the API
+Why its own module: :mod:`~dra_driver.driver.mps.mpspod` drives the Pod's life through the API
 server; what the Pod *is* is a pure function of the node, the daemon and the agent's
 configuration, and every agent instance of the node must derive the same name from the same
 daemon (that is how a new agent finds the daemons an old one started). The spec follows what the
@@ -34,8 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from dra_driver import records
-from dra_driver.driver import cdi, mpsprocess
-from dra_driver.driver.mpsrecords import DaemonDevice, Dirs
+from dra_driver.driver import cdi
+from dra_driver.driver.mps import mpsprocess
+from dra_driver.driver.mps.mpsrecords import DaemonDevice, Dirs
 
 Obj = dict[str, Any]
 CONTAINER: Final = "mps-control-daemon"

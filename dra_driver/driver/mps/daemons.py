@@ -3,13 +3,13 @@
 Why it exists: a GPU shared by several claims (consumable capacity) enforces each share's memory
 and compute limits through NVIDIA's Multi-Process Service. One control daemon
 (``nvidia-cuda-mps-control -f``) runs per shared GPU, or per claim that asks for MPS on its own
-devices; containers reach it through its pipe directory (:mod:`dra_driver.driver.mpsclaims` puts
+devices; containers reach it through its pipe directory (:mod:`dra_driver.driver.mps.mpsclaims` puts
 that into their CDI spec). This module owns the daemons' life: the GPU's compute mode
 (``ExclusiveProcess`` while a daemon runs, ``Default`` again after — always set and restored by
 the agent, never by the daemon), the pipe, log and shm directories under ``<plugin dir>/mps/``,
-and a record of each daemon on disk (:mod:`~dra_driver.driver.mpsrecords`). *What* runs the
-daemon is a :class:`~dra_driver.driver.mpsrunner.DaemonRunner`: a process of the agent
-(:mod:`~dra_driver.driver.mpsprocess`) or a Pod of its own (:mod:`~dra_driver.driver.mpspod`).
+and a record of each daemon on disk (:mod:`~dra_driver.driver.mps.mpsrecords`). *What* runs the
+daemon is a :class:`~dra_driver.driver.mps.mpsrunner.DaemonRunner`: a process of the agent
+(:mod:`~.mpsprocess`) or a Pod of its own (:mod:`~.mpspod`).
 
 Crash safety. Every daemon has a record written *before* anything is changed and removed
 *after* everything is undone:
@@ -43,8 +43,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from dra_driver.devices import control
-from dra_driver.driver import mpsprocess
-from dra_driver.driver.mpsrecords import (
+from dra_driver.driver.mps import mpsprocess
+from dra_driver.driver.mps.mpsrecords import (
     RECORD_KIND,
     DaemonDevice,
     DaemonRecord,
@@ -53,8 +53,8 @@ from dra_driver.driver.mpsrecords import (
     State,
     dir_name,
 )
-from dra_driver.driver.mpsrunner import Launch, Stray
-from dra_driver.driver.mpssteps import Clients, DaemonSteps, MpsMetrics
+from dra_driver.driver.mps.mpsrunner import Launch, Stray
+from dra_driver.driver.mps.mpssteps import Clients, DaemonSteps, MpsMetrics
 
 __all__ = [
     "RECORD_KIND",
