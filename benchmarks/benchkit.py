@@ -333,6 +333,8 @@ class Plugin:
             argv = [python, str(floor_script), "--kubeconfig", str(kubeconfig)]
             argv += ["--plugins-dir", str(base / "plugins"), "--cdi-root", str(self.cdi)]
             argv += ["--driver-name", DRIVER]
+        elif os.environ.get("DRA_BENCH_PLUGIN_PREFIX"):  # e.g. "py-spy record -o F -f raw --"
+            argv = [*os.environ["DRA_BENCH_PLUGIN_PREFIX"].split(), *argv]
         name = label or ("serial" if serial else "parallel")
         self.log = (base / f"plugin-{name}.log").open("wb")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=self.log, cwd=cwd, env=environ)
@@ -413,7 +415,8 @@ class Plugin:
 
     def stop(self) -> None:
         self.channel.close()
-        self.proc.send_signal(signal.SIGTERM)
+        profiled = bool(os.environ.get("DRA_BENCH_PLUGIN_PREFIX"))  # the profiler writes on ^C
+        self.proc.send_signal(signal.SIGINT if profiled else signal.SIGTERM)
         self.proc.wait(timeout=20)
         self.log.close()
         shutil.rmtree(self.cdi, ignore_errors=True)
