@@ -265,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the old small claim bodies instead of the real server's shape (real-wire/)",
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the floor plugin's run")
+    parser.add_argument(
+        "--no-pods",
+        action="store_true",
+        help="no pods bound for the claims, the agent run with --no-publish (before issue 46)",
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     idle_sizes = sizes
@@ -290,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
     profile = benchkit.make_node(base, GPUS)
     claims_file = base / "claims.json"
-    claims_file.write_text(json.dumps(objs))
+    pods = [] if args.no_pods or template is None else [benchkit.bound_pod(o) for o in objs]
+    claims_file.write_text(json.dumps(objs + pods))
     cdi = benchkit.cdi_root(base, args.cdi_on_disk)
     apis: list[Api] = []
     bursts: dict[tuple[str, int], Burst] = {}
@@ -303,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         apis += [tls, tls_idle, plain]
 
         def plugin(api: Api, label: str, floor: bool = False) -> Plugin:
-            return Plugin(
+            started = Plugin(
                 base,
                 api.kubeconfig,
                 profile,
@@ -313,7 +319,11 @@ def main(argv: list[str] | None = None) -> int:
                 label=label,
                 image=image,
                 floor=floor,
+                publish=bool(pods),
             )
+            if pods and not floor and label != "cold":  # its watch reads its pods' claims
+                time.sleep(2.0)
+            return started
 
         for _ in range(args.cold_rounds):  # a plugin just started: its first burst
             for n in sizes:
@@ -385,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("run as a checkout (--dev): python -m dra_driver, PYTHONPATH, this interpreter")
     size = len(json.dumps(objs[0], separators=(",", ":")))
+    print(
+        f"a bound pod per claim, the agent publishing and watching its node's pods ({len(pods)} "
+        "pods; 2 s for its watch to read their claims before the warm runs)"
+        if pods
+        else "no pods, the agent run with --no-publish (its claim cache unused)"
+    )
     print(f"claim bodies: {bodies}, ~{size} bytes each; load average {os.getloadavg()[0]:.1f}")
     print(
         f"API over TLS 1.3 + client certificate (RSA 2048); server closes idle connections "
