@@ -48,13 +48,23 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from dra_driver.driver import claims
 from dra_driver.kube import api
 from dra_driver.slices import allocwatch
 
 SILENCE_S = 10.0  # beyond the watch's own timeout: a stream silent longer is not trusted
+
+
+class Ref(Protocol):
+    """What the kubelet names a claim by (``dra_driver.driver.claims.ClaimRef``)."""
+
+    @property
+    def uid(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
 
 
 class ClaimCache:
@@ -68,7 +78,7 @@ class ClaimCache:
         self.hits = 0
         self.misses: collections.Counter[str] = collections.Counter()
 
-    def current(self, ref: claims.ClaimRef) -> api.Obj | None:
+    def current(self, ref: Ref) -> api.Obj | None:
         claim, why = self._check(ref)
         with self._count_lock:
             if claim is None:
@@ -77,7 +87,7 @@ class ClaimCache:
                 self.hits += 1
         return claim
 
-    def _check(self, ref: claims.ClaimRef) -> tuple[api.Obj | None, str]:
+    def _check(self, ref: Ref) -> tuple[api.Obj | None, str]:
         held, live, quiet = self._watch.snapshot(ref.uid, (ref.namespace, ref.name))
         if held is None:  # 1
             return None, "not read"
