@@ -13,9 +13,13 @@ levels 0 and 2, the Dockerfile's ``ENV`` and the chart's ``PYTHONOPTIMIZE`` and 
 venv's ``dra-driver`` entry point; ``--dev``: ``python -m dra_driver`` from the tree as before),
 and the claims are shaped and sized as a real kube-apiserver's GET answers them (``real-wire/``
 of ``../shared/reference``: managedFields, finalizers, reservedFor; without it, small synthetic
-claims, labelled so). Beside it, in the same run, against the same server: **the floor**
-(``floorplugin.py``), a minimal plugin that does per claim only the GET, the CDI spec and a
-checkpoint, as upstream's Go helper does; every summary figure is given against it.
+claims, labelled so), each with the pod its reservedFor names bound to the node, the agent
+publishing and watching its node's pods (so its claim cache, ``dra_driver/slices/claimcache.py``,
+and the slice republish are on the measured path; warm runs start once the agent is idle;
+``--no-pods``: no pods, ``--no-publish``, as before). Beside it, in the same run, against the
+same server: **the floor** (``floorplugin.py``), a minimal plugin that does per claim only the
+GET, the CDI spec and a checkpoint, as upstream's Go helper does; every summary figure is given
+against it.
 
 Printed as tables:
 
