@@ -1,4 +1,5 @@
-"""The claim a prepare needs, from the allocation watch when that copy is provably current.
+"""The claim a prepare needs, from the allocation watch when that copy is provably current
+(as of the watch's position: see below).
 
 Why it exists: every prepare used to GET its ResourceClaim, and on a busy node that GET is the
 largest cost of a prepare burst, for the agent (TLS, a 2 KB body with managedFields) and for the
@@ -30,7 +31,7 @@ pod only while scheduling it, before it is bound. The holder was reserved at the
 bound, and the watch, with no gap (3), would have delivered its end had it come before the
 watch's position: so it stayed reserved from the read to that position, ``reservedFor`` was never
 empty, the allocation was never cleared, and so it is the allocation read. A deallocated claim
-(it has no holder any more) and a re-allocated one (dealloction needs every holder gone) both
+(it has no holder any more) and a re-allocated one (deallocation needs every holder gone) both
 fail 4 once the watch has delivered the holder's end, and a re-created one fails 1.
 
 What it cannot prove: events the watch has not delivered yet. For a stale answer, the holder
@@ -39,8 +40,9 @@ same claim again for another pod of this node and bind it, and the kubelet see t
 the claim, all before this agent's watch of the same pods delivers the first of those events
 (the holder's end, earlier in the server's order than the new pod's binding the kubelet saw).
 That needs the watch to lag the kubelet's own watch of the node's pods by a full scheduling
-cycle; 3 bounds a silent stall. The GET has a window too (a claim deallocated just after it);
-the kubelet unprepares such a claim in both cases.
+cycle; 3 bounds a silent stall. Nor does it cover a ``reservedFor`` edited by hand (not by the
+controller or the scheduler). The GET has a window too (a claim deallocated just after it); the
+kubelet unprepares such a claim in both cases.
 """
 
 from __future__ import annotations
