@@ -114,6 +114,25 @@ def real_claim(template: dict[str, Any], name: str, device: str) -> dict[str, An
     return dict(obj)
 
 
+def bound_pod(claim: dict[str, Any]) -> dict[str, Any]:
+    """The pod its ``reservedFor`` names, bound to this node (the agent's allocation watch
+    reads the claim when it sees it, as on a real node)."""
+    meta = claim["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": claim["status"]["reservedFor"][0]["name"],
+            "namespace": meta["namespace"],
+        },
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "c", "image": "busybox"}],
+            "resourceClaims": [{"name": "gpus", "resourceClaimName": meta["name"]}],
+        },
+    }
+
+
 def make_node(base: Path, gpus: int = GPUS) -> Path:
     """The fake node's profile and driver root under ``base``; returns the profile."""
     profile = base / "profile.yaml"
@@ -145,7 +164,18 @@ def serve_api(argv: list[str]) -> int:
         tls=bundle,
         idle_timeout_s=idle_s if idle_s > 0 else None,
     )
-    for obj in json.loads(Path(claims_file).read_text()):
+    objs = json.loads(Path(claims_file).read_text())
+    from dra_driver.kube.objects import PODS
+
+    if any(o.get("kind") == "Pod" for o in objs):  # a node with pods: its Node object too
+        server.api.put_node(NODE, uid=str(uuid.uuid4()))
+    pods = {  # bound pods first: a claim's reservedFor names them by the UID the server gives
+        made["metadata"]["name"]: made["metadata"]["uid"]
+        for made in (server.api.objects.create(PODS, o) for o in objs if o.get("kind") == "Pod")
+    }
+    for obj in (o for o in objs if o.get("kind") != "Pod"):
+        for entry in (obj.get("status") or {}).get("reservedFor") or ():
+            entry["uid"] = pods.get(entry["name"], entry["uid"])
         server.api.put_resource_claim(obj)
     if delay_ms > 0:
         real_get = server.api.get_resource_claim
@@ -280,11 +310,13 @@ class Plugin:
         label: str = "",
         image: Path | None = None,
         floor: bool = False,
+        publish: bool = False,
     ) -> None:
         """``image``: a venv of :mod:`imagekit` — the agent then runs as the container image
         and the chart run it (its entry point, outside the tree, the image's environment and
         the chart's log level) instead of ``python -m dra_driver`` from ``tree``. ``floor``: run
-        :mod:`floorplugin` instead of the agent (the same sockets, the same kubelet calls)."""
+        :mod:`floorplugin` instead of the agent (the same sockets, the same kubelet calls).
+        ``publish``: publish slices and watch the node's pods, as users run it."""
         self.base = base
         self.cdi = cdi or base / "cdi"
         for sub in (base / "registry", base / "plugins", self.cdi):
@@ -318,7 +350,7 @@ class Plugin:
             str(profile),
             "--driver-root",
             str(base / "driver-root"),
-            "--no-publish",
+            *([] if publish else ["--no-publish"]),
             "--cleanup-interval",
             "0",
             "--metrics-address",
@@ -333,6 +365,8 @@ class Plugin:
             argv = [python, str(floor_script), "--kubeconfig", str(kubeconfig)]
             argv += ["--plugins-dir", str(base / "plugins"), "--cdi-root", str(self.cdi)]
             argv += ["--driver-name", DRIVER]
+        elif os.environ.get("DRA_BENCH_PLUGIN_PREFIX"):  # e.g. "py-spy record -o F -f raw --"
+            argv = [*os.environ["DRA_BENCH_PLUGIN_PREFIX"].split(), *argv]
         name = label or ("serial" if serial else "parallel")
         self.log = (base / f"plugin-{name}.log").open("wb")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=self.log, cwd=cwd, env=environ)
@@ -413,7 +447,8 @@ class Plugin:
 
     def stop(self) -> None:
         self.channel.close()
-        self.proc.send_signal(signal.SIGTERM)
+        profiled = bool(os.environ.get("DRA_BENCH_PLUGIN_PREFIX"))  # the profiler writes on ^C
+        self.proc.send_signal(signal.SIGINT if profiled else signal.SIGTERM)
         self.proc.wait(timeout=20)
         self.log.close()
         shutil.rmtree(self.cdi, ignore_errors=True)

@@ -13,9 +13,13 @@ levels 0 and 2, the Dockerfile's ``ENV`` and the chart's ``PYTHONOPTIMIZE`` and 
 venv's ``dra-driver`` entry point; ``--dev``: ``python -m dra_driver`` from the tree as before),
 and the claims are shaped and sized as a real kube-apiserver's GET answers them (``real-wire/``
 of ``../shared/reference``: managedFields, finalizers, reservedFor; without it, small synthetic
-claims, labelled so). Beside it, in the same run, against the same server: **the floor**
-(``floorplugin.py``), a minimal plugin that does per claim only the GET, the CDI spec and a
-checkpoint, as upstream's Go helper does; every summary figure is given against it.
+claims, labelled so), each with the pod its reservedFor names bound to the node, the agent
+publishing and watching its node's pods (so its claim cache, ``dra_driver/slices/claimcache.py``,
+and the slice republish are on the measured path; warm runs start once the agent is idle;
+``--no-pods``: no pods, ``--no-publish``, as before). Beside it, in the same run, against the
+same server: **the floor** (``floorplugin.py``), a minimal plugin that does per claim only the
+GET, the CDI spec and a checkpoint, as upstream's Go helper does; every summary figure is given
+against it.
 
 Printed as tables:
 
@@ -224,6 +228,17 @@ def print_singles(title: str, run: Singles) -> None:
     )
 
 
+def settle(plugin: Plugin, most_s: float = 30.0) -> None:
+    """Wait until a just-started plugin is idle (under 10 % of a core for 1 s): with pods bound,
+    its allocation watch reads every claim they name and the slices are rebuilt meanwhile."""
+    deadline = time.monotonic() + most_s
+    while time.monotonic() < deadline:
+        before = plugin.cpu_s()
+        time.sleep(1.0)
+        if plugin.cpu_s() - before < 0.1:
+            return
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--singles", type=int, default=2000, help="one-claim cycles (TLS)")
@@ -265,6 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the old small claim bodies instead of the real server's shape (real-wire/)",
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the floor plugin's run")
+    parser.add_argument(
+        "--no-pods",
+        action="store_true",
+        help="no pods bound for the claims, the agent run with --no-publish (before issue 46)",
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     idle_sizes = sizes
@@ -290,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
     profile = benchkit.make_node(base, GPUS)
     claims_file = base / "claims.json"
-    claims_file.write_text(json.dumps(objs))
+    pods = [] if args.no_pods or template is None else [benchkit.bound_pod(o) for o in objs]
+    claims_file.write_text(json.dumps(objs + pods))
     cdi = benchkit.cdi_root(base, args.cdi_on_disk)
     apis: list[Api] = []
     bursts: dict[tuple[str, int], Burst] = {}
@@ -303,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         apis += [tls, tls_idle, plain]
 
         def plugin(api: Api, label: str, floor: bool = False) -> Plugin:
-            return Plugin(
+            started = Plugin(
                 base,
                 api.kubeconfig,
                 profile,
@@ -313,7 +334,11 @@ def main(argv: list[str] | None = None) -> int:
                 label=label,
                 image=image,
                 floor=floor,
+                publish=bool(pods),
             )
+            if pods and not floor and label != "cold":  # its watch reads its pods' claims
+                settle(started)
+            return started
 
         for _ in range(args.cold_rounds):  # a plugin just started: its first burst
             for n in sizes:
@@ -385,6 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("run as a checkout (--dev): python -m dra_driver, PYTHONPATH, this interpreter")
     size = len(json.dumps(objs[0], separators=(",", ":")))
+    print(
+        f"a bound pod per claim, the agent publishing and watching its node's pods ({len(pods)} "
+        "pods; warm runs wait until the agent is idle: its watch has read their claims)"
+        if pods
+        else "no pods, the agent run with --no-publish (its claim cache unused)"
+    )
     print(f"claim bodies: {bodies}, ~{size} bytes each; load average {os.getloadavg()[0]:.1f}")
     print(
         f"API over TLS 1.3 + client certificate (RSA 2048); server closes idle connections "

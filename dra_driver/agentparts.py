@@ -45,7 +45,7 @@ from dra_driver.nodelabels import agent as nodelabels
 from dra_driver.nodelabels import compute as labels_compute
 from dra_driver.nodeparts import gpu_control_for, mps_daemons_for, mps_root
 from dra_driver.pluginsettings import ALLOCATION_SOURCES, PluginSettings
-from dra_driver.slices import allocwatch, leader, nodepublisher, serverfeatures
+from dra_driver.slices import allocwatch, claimcache, leader, nodepublisher, serverfeatures
 
 if TYPE_CHECKING:
     from dra_driver.driver.mps import mpsclaims
@@ -286,7 +286,7 @@ def start_allocation_watch(
         known = devices.get(name)
         return known.gpu_names if known is not None else ()
 
-    return allocwatch.start(
+    watch = allocwatch.start(
         objects=objects,
         get_claim=api.get_resource_claim,
         node_name=settings.node_name,
@@ -296,6 +296,11 @@ def start_allocation_watch(
         watch_timeout_s=settings.watch_timeout_s,
         acting_as_node=settings.allocation_source == "node" and isinstance(api, client.KubeClient),
     )
+    # Prepare takes the claim from the watch where that copy is provably current (claimcache).
+    driver.state.cached_claim = claimcache.ClaimCache(
+        watch=watch, driver_name=settings.driver_name, pool=settings.node_name
+    ).current
+    return watch
 
 
 def _pod_reader(settings: PluginSettings, api: kube.KubeApi) -> object:

@@ -127,6 +127,8 @@ class ClaimState:
         )
         self.prepared = prepared or claiminfo.PreparedClaims()
         self.vfio = vfio  # GPUs passed through to VMs (docs/passthrough.md); None: none offered
+        # The claim when provably current without a GET (dra_driver.slices.claimcache), or None.
+        self.cached_claim: Callable[[claims.ClaimRef], kube.Obj | None] = lambda ref: None
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -161,7 +163,9 @@ class ClaimState:
             if record is not None:  # a failed earlier attempt in this process
                 self._forget(ref)
             try:
-                claim = self.api.get_resource_claim(ref.namespace, ref.name)
+                claim = self.cached_claim(ref) or self.api.get_resource_claim(
+                    ref.namespace, ref.name
+                )
             except kube.NotFound:
                 raise claims.ClaimError(f"{ref}: not found in the API server") from None
             except kube.ApiError as exc:

@@ -1,43 +1,35 @@
 """Which full GPUs of this node the scheduler has allocated to claims the kubelet has not
 prepared yet: a watch of the Pods bound to this node and the claims they name.
 
-Why it exists: the set ranks on the GPU devices (:mod:`dra_driver.slices.gpusets`,
-docs/topology.md) rank the *free* GPUs. Prepare tells the agent what a claim holds only when the
-kubelet starts the pod, a second or more after the scheduler allocated it; in a burst (a job's
-pods arriving together) the next claims would meet ranks that still offer the GPUs just
-allocated. This watch learns of an allocation when the pod is bound: kube-scheduler writes the
-claim's ``status.allocation`` in PreBind, then binds the pod (``spec.nodeName``), and the agent,
-watching the Pods of its node (``fieldSelector=spec.nodeName=<node>``, as the kubelet does), reads
-each claim the pod names (a GET, which it already may do) and marks the GPUs the allocation names
-in this driver's pool on this node. A claim stops counting when no live Pod of the node names it
-any more (the pod deleted before it started, or finished): its GPUs are free in the ranks again.
+Why it exists: the set ranks on the GPU devices (:mod:`dra_driver.slices.gpusets`) rank the
+*free* GPUs, but prepare tells the agent what a claim holds only when the kubelet starts the pod,
+a second or more after the allocation; in a burst the next claims would meet ranks that still
+offer the GPUs just allocated. kube-scheduler writes the claim's ``status.allocation`` in PreBind,
+then binds the pod (``spec.nodeName``); the agent, watching the Pods of its node
+(``fieldSelector=spec.nodeName=<node>``, as the kubelet does), reads each claim a pod names and
+marks the GPUs its allocation names in this pool. A claim stops counting when no live Pod of the
+node names it any more (deleted before it started, or finished): its GPUs are free again.
 
-Whose identity reads the Pods: by default the node's (``acting_as_node``; the connection sends
-``Impersonate-User: system:node:<node>``, :mod:`dra_driver.kube.impersonation`): kube-apiserver
-1.36 then lets the agent list and watch only this node's Pods, as its kubelet may, where the
-agent's own ServiceAccount would need ``list``/``watch`` on every Pod of the cluster (RBAC cannot
-express the field selector; docs/security.md). A 403 there is logged once as an error naming
-what the cluster lacks; the ranks follow prepares until the watch is allowed.
+Whose identity reads the Pods: by default the node's (``acting_as_node``: ``Impersonate-User:
+system:node:<node>``, :mod:`dra_driver.kube.impersonation`), so kube-apiserver 1.36 lets it list
+and watch only this node's Pods, where its own ServiceAccount would need every Pod of the cluster
+(RBAC cannot express the field selector; docs/security.md). A 403 is logged once as an error
+naming what the cluster lacks; the ranks follow prepares until the watch is allowed. Not a watch
+of ResourceClaims: they have no field selector for their node, so every agent would receive every
+claim change of the cluster (``benchmarks/allocation_sources.py``, docs/security.md).
 
-Why Pods and not a watch of ResourceClaims: claims have no field selector for the node they are
-allocated on, so every agent would receive every claim change of the cluster (N nodes: N copies
-of each event), and ``list`` of claims is cluster-wide; the Pod watch is filtered by the server
-to this node's pods. Figures: ``benchmarks/allocation_sources.py``, docs/security.md.
-
-The claims it has read are kept (:meth:`AllocationWatch.claim`: UID → the claim object and its
-resourceVersion, as read when its pod was bound) for whoever may use an allocated claim without
-reading it again.
-
-Allocations only steer the ranks (:class:`~dra_driver.devices.holdings.HeldGpus` ``allocated``,
-read by :mod:`.republish`); prepare and the checkpoint stay the truth for what is held. The watch
-never blocks prepare: it runs in its own threads and its only output is a cheap, versioned set.
-It survives errors: a 410 Gone relists, any other failure (server unreachable, 5xx, 403) is
-logged and retried with capped exponential backoff and jitter, and a relist re-reads every claim.
+The claims it read are kept (:meth:`AllocationWatch.claim`, :meth:`~AllocationWatch.snapshot`);
+prepare uses one only where :mod:`.claimcache` shows it current. Else allocations only steer the
+ranks (``HeldGpus`` ``allocated``, read by :mod:`.republish`); prepare and the checkpoint stay the
+truth for what is held. It never blocks prepare (its own threads) and survives errors: a 410 Gone
+relists, others (unreachable, 5xx, 403) are logged and retried with capped exponential backoff
+and jitter; a relist re-reads every claim.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -142,7 +134,7 @@ class AllocationWatch:
         self._gpus_of = gpus_of
         self.allocated = allocated
         self._log = log
-        self._watch_timeout_s = watch_timeout_s
+        self.watch_timeout_s = watch_timeout_s
         self._backoff = backoff or Backoff(initial_s=0.5, max_s=30.0)
         self._retry_s = retry_s
         self._resync_s = resync_s
@@ -153,6 +145,9 @@ class AllocationWatch:
         self._pods: dict[str, tuple[ClaimKey, ...]] = {}  # pod UID → the claims it names
         self._resolved: dict[ClaimKey, str] = {}  # claim → the UID its GPUs are held under
         self._claims: dict[str, HeldClaim] = {}  # claim UID → the claim as last read
+        self._leaving: set[str] = set()  # pods of _pods with a deletionTimestamp
+        self._synced = False  # listed, and followed since without a failure (claimcache)
+        self._heard = 0.0  # when the server last answered the watch (monotonic)
         self._due: list[tuple[float, int, ClaimKey, int]] = []  # (when, seq, claim, attempt)
         self._seq = 0
         self._threads: list[threading.Thread] = []
@@ -164,6 +159,15 @@ class AllocationWatch:
         watch holds no such claim (not read yet, not allocated here, or released)."""
         with self._cond:
             return self._claims.get(uid)
+
+    def snapshot(self, uid: str, key: ClaimKey) -> tuple[HeldClaim | None, frozenset[str], float]:
+        """For :mod:`.claimcache`: ``uid``'s claim if read for ``key``; live pods naming ``key``
+        (no deletionTimestamp); seconds since the watch last heard (inf: not synced)."""
+        with self._cond:
+            held = self._claims.get(uid) if self._resolved.get(key) == uid else None
+            pods = (p for p, keys in self._pods.items() if key in keys and p not in self._leaving)
+            quiet = time.monotonic() - self._heard if self._synced else math.inf
+            return held, frozenset(pods), quiet
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -199,6 +203,7 @@ class AllocationWatch:
                 self._refused = False
             except api.ApiError as exc:
                 rv = None  # resync from a fresh list
+                self._synced = False
                 if exc.status == 410:
                     continue
                 self.failures += 1
@@ -225,15 +230,18 @@ class AllocationWatch:
             except Exception as exc:  # never let the thread die: ranks would freeze
                 self.failures += 1
                 rv = None
+                self._synced = False
                 self._log.error("allocation watch failed", error=repr(exc))
                 self._stop.wait(self._backoff.next_delay())
 
     def _follow(self, selector: str, rv: str) -> str | None:
         """One watch from ``rv``; returns where to go on (None: relist)."""
         events = self._objects.watch(
-            PODS, field_selector=selector, resource_version=rv, timeout_s=self._watch_timeout_s
+            PODS, field_selector=selector, resource_version=rv, timeout_s=self.watch_timeout_s
         )
+        self._heard = time.monotonic()
         for event in events:
+            self._heard = time.monotonic()
             if self._stop.is_set():
                 return rv
             obj = event.object
@@ -247,7 +255,7 @@ class AllocationWatch:
             if event.type == "DELETED" or (obj.get("spec") or {}).get("nodeName") != self._node:
                 self._set_pod(uid, ())
             else:
-                self._set_pod(uid, claims_of(obj))
+                self._set_pod(uid, claims_of(obj), bool(obj["metadata"].get("deletionTimestamp")))
         return rv
 
     def _reset(self, pods: list[api.Obj]) -> None:
@@ -255,6 +263,9 @@ class AllocationWatch:
         table = {str(p["metadata"].get("uid") or ""): claims_of(p) for p in pods}
         with self._cond:
             self._pods = {uid: keys for uid, keys in table.items() if keys}
+            leaving = (p["metadata"] for p in pods if p["metadata"].get("deletionTimestamp"))
+            self._leaving = {str(meta.get("uid") or "") for meta in leaving}
+            self._synced, self._heard = True, time.monotonic()
             wanted = self._wanted()
             stale = {k: u for k, u in self._resolved.items() if k not in wanted}
             self._resolved = {k: u for k, u in self._resolved.items() if k in wanted}
@@ -263,8 +274,9 @@ class AllocationWatch:
             for key, uid in stale.items():
                 self._release(key, uid)
 
-    def _set_pod(self, pod_uid: str, keys: tuple[ClaimKey, ...]) -> None:
+    def _set_pod(self, pod_uid: str, keys: tuple[ClaimKey, ...], leaving: bool = False) -> None:
         with self._cond:
+            (self._leaving.add if leaving and keys else self._leaving.discard)(pod_uid)
             before = self._wanted()
             if keys:
                 old = self._pods.get(pod_uid, ())

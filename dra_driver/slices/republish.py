@@ -21,7 +21,10 @@ at a time and the next claim should see the new ranks soon), then one rebuild ta
 state, and the publisher writes the newest desired set it has when its pass runs. Health changes
 are rebuilt at once (a failing GPU's taint is urgent). A change that alters no slice rebuilds
 byte-identical slices: the publisher writes nothing. A rebuild that raises is logged and
-skipped; the last good set stays published and the next change is rebuilt as usual.
+skipped; the last good set stays published and the next change is rebuilt as usual. A change
+of holdings that leaves the same GPUs taken (an allocated claim prepared, or unprepared while
+its pod stays) rebuilds nothing: the ranks depend on the taken GPUs only (issue 46: on 256 GPUs
+a rebuild per prepare was most of the agent's CPU).
 
 With metrics, every change (and the start) also updates the node's set-capacity gauges
 (:mod:`dra_driver.devices.setcapacity`: placeable N-GPU sets, links of the best free set) before
@@ -183,13 +186,18 @@ class Republisher:
             forced, self._forced = self._forced, False
             now = self._now()
             if now.versions != self._built.versions or forced:
-                self._republish(now)
+                self._republish(now, forced)
 
     def _now(self) -> Inputs:
         return current(self._board, self._held, self._allocated)
 
-    def _republish(self, now: Inputs) -> None:
+    def _republish(self, now: Inputs, forced: bool = False) -> None:
         health_changed = now.health.version != self._built.health.version
+        same = not (forced or health_changed) and now.taken == self._built.taken
+        if same and self._last is not None:  # e.g. an allocated claim prepared: the same GPUs
+            self._observed(now)
+            self._built = now
+            return
         held_changed = (
             now.held.version != self._built.held.version
             or now.allocated.version != self._built.allocated.version

@@ -128,3 +128,15 @@ def test_matrix_is_symmetric(name: str) -> None:
     m = topology.matrix(topo)
     n = len(topo.indices)
     assert all(m[a][b] == m[b][a] for a in range(n) for b in range(n))
+
+
+def test_the_same_node_gets_the_same_view_and_another_node_its_own() -> None:
+    """build() keeps the last node's view (every slice rebuild asks for it): the same devices
+    object gets it again, an equal but new one (rediscovered GPUs) is derived afresh."""
+    first = fake.FakeBackend.from_name("dgx-h100").discover()
+    again = fake.FakeBackend.from_name("dgx-h100").discover()
+    view = topology.build(first)
+    assert topology.build(first) is view
+    fresh = topology.build(again)
+    assert fresh is not view and fresh == view
+    assert topology.build(first) is not view  # only the last node is kept

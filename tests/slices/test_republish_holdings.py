@@ -259,3 +259,22 @@ def test_held_gpus_count_claims_per_gpu_and_tell_subscribers_only_of_changes() -
     unsubscribe()
     held.release("a")
     assert len(seen) == 4 and held.snapshot().held == frozenset()
+
+
+def test_preparing_a_claim_already_allocated_here_rebuilds_nothing(
+    mem: memory.InMemoryApi, start: Any
+) -> None:
+    """The ranks depend on the GPUs taken (held or allocated): a claim the allocation watch
+    already counts, prepared and unprepared while its pod stays, changes none of them."""
+    held, allocated = holdings.HeldGpus(), holdings.HeldGpus()
+    node = start(held, allocated=allocated)
+    allocated.hold("claim-a", QUAD)  # the pod is bound: the watch read its claim
+    wait_for(lambda: ranks(published(mem), 4) == expected("dgx-h100", 4, QUAD), timeout=2.0)
+    rebuilds, writes = node.follower.rebuilds, mem.writes
+    held.hold("claim-a", QUAD)  # the kubelet prepares it
+    held.release("claim-a")  # ... and unprepares it, the pod still there
+    wait_for(lambda: node.follower._built.held.version == 2, timeout=2.0)
+    assert (node.follower.rebuilds, mem.writes) == (rebuilds, writes)
+    allocated.release("claim-a")  # the pod goes: its GPUs are free again
+    wait_for(lambda: ranks(published(mem), 4) == expected("dgx-h100", 4), timeout=2.0)
+    assert node.follower.rebuilds == rebuilds + 1
