@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
