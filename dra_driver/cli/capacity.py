@@ -18,7 +18,7 @@ from typing import Any
 
 from dra_driver import cli, inputfile
 from dra_driver.allocation import allocatedcheck, documents, fleetnodes, setfit
-from dra_driver.cli import common, output, progress
+from dra_driver.cli import bulkgc, common, output, progress
 from dra_driver.slices import build as slices_build
 
 SHOWN_NODES = 12  # nodes named per line in the text output (-o json names all)
@@ -67,6 +67,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with bulkgc.paused():  # millions of acyclic objects from the input (cli/bulkgc.py)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     shown = progress.Progress.of(args, "capacity")
     try:
         sizes = setfit.parse_sizes(args.sizes)

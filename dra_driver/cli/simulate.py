@@ -24,7 +24,7 @@ from typing import Any
 
 from dra_driver import cli, inputfile
 from dra_driver.allocation import allocatedcheck, capacity, simulator
-from dra_driver.cli import common, output, progress
+from dra_driver.cli import bulkgc, common, output, progress
 from dra_driver.devices import backend, model, passthrough
 from dra_driver.devices.fake import profiles
 from dra_driver.slices import build as slices_build
@@ -230,6 +230,11 @@ def unknown_class(claims: list[dict[str, Any]], classes: list[dict[str, Any]]) -
 
 
 def run(args: argparse.Namespace) -> int:
+    with bulkgc.paused():  # millions of acyclic objects from the input (cli/bulkgc.py)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     shown = progress.Progress.of(args, "simulate")
     try:
         shown.say(f"reading {args.claim}")
