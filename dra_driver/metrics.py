@@ -40,30 +40,8 @@ feature_enabled                            gauge     feature (deviceTaints|share
 build_info                                 gauge     version (always 1)
 ========================================== ========= =========================================
 
-``device_health`` has one series per published device: ``reason=""`` and value 1 while it is
-healthy, value 0 and the conditions (``xid=79``, ``gpu-lost=lost``) while not; the old series is
-removed when the reason changes. Health event outcomes: ``unhealthy``, ``ignored`` (an ignored
-XID), ``unpublished`` (a device we do not publish), ``poll`` (sent to the poll to find the GPU),
-``unknown-device``.
-
-``gpus``, ``placeable_sets``, ``best_set_links`` and ``best_set_links_max`` are the node's set
-capacity (:mod:`dra_driver.devices.setcapacity`, docs/capacity.md), updated whenever the GPUs
-held by prepared claims or GPU health change: how many N-GPU jobs still fit here, and whether
-the best free N-set is as well connected as the empty node's (``best_set_links`` below
-``best_set_links_max``: fragmented). A size without a free set of that size has no
-``best_set_links`` series.
-
-``feature_enabled`` says which ResourceSlice features the agent can publish with: 1 while the
-API server keeps the feature's fields (or they were never probed), 0 while it drops them (its
-feature gate is off); ``setRanks`` (plain attributes, no gate) is 1 while ``--gpu-sets`` is on.
-
-``mps_daemon_restarts_total`` counts MPS control daemons restarted while shares were prepared
-(docs/sharing.md): the daemon's process or Pod ``exited``, its Pod was ``deleted`` behind the
-agent's back, it was ``gone-at-start`` (found dead when the agent started), or it was
-``missing`` (no daemon ran for prepared claims after a failed restart; the periodic check
-started one).
-``mps_lost_clients_total`` adds the prepared claims each restart cut off: their containers' CUDA
-contexts were on the dead daemon's server and do not reconnect.
+What the values of ``device_health``, the set-capacity gauges, ``feature_enabled`` and the MPS
+counters mean: docs/metrics.md.
 
 One *request* is one claim's prepare or unprepare (the kubelet batches claims in one RPC; the
 per-claim outcome is what an operator needs).

@@ -236,7 +236,7 @@ class NodeDriver:
         )
         path = self.specs.write(ref.uid, spec)
         self._crash("spec-written")
-        record = _replace(record, state=PREPARED, channels=channels)
+        record = dataclasses.replace(record, state=PREPARED, channels=channels)
         self.state.put(record)
         log.info(
             "ComputeDomain channel prepared",
@@ -275,7 +275,7 @@ class NodeDriver:
         )
         path = self.specs.write(ref.uid, spec)
         self._crash("spec-written")
-        record = _replace(record, state=PREPARED)
+        record = dataclasses.replace(record, state=PREPARED)
         self.state.put(record)
         self.on_change()
         log.info(
@@ -397,7 +397,3 @@ def _config(device: claims.AllocatedDevice, kind: str, ref: claims.ClaimRef) -> 
     if mode not in (cdapi.SINGLE, cdapi.ALL):
         raise claims.ClaimError(f"{ref}: {wanted}.allocationMode {mode!r}: Single or All")
     return str(domain_id), mode
-
-
-def _replace(record: Record, **changes: object) -> Record:
-    return dataclasses.replace(record, **changes)  # type: ignore[arg-type]

@@ -382,8 +382,7 @@ def read_boot_id(path: Path = BOOT_ID_FILE) -> str:
 
 def read_file(path: Path) -> bytes:
     """A regular file's bytes, at most one more than :data:`MAX_FILE_BYTES` (enough to refuse
-    it). Symlinks, FIFOs and devices are refused with OSError: never followed, never blocked on.
-    """
+    it). Symlinks, FIFOs and devices are refused with OSError: never followed, never blocked on."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -371,11 +371,7 @@ class ClaimMetadata:
 
 
 def _mount(host: str, container: str) -> dict[str, Any]:
-    return {
-        "hostPath": host,
-        "containerPath": container,
-        "options": list(MOUNT_OPTIONS),
-    }
+    return {"hostPath": host, "containerPath": container, "options": list(MOUNT_OPTIONS)}
 
 
 def _replace_edits(item: Any, edits: dict[str, Any]) -> Any:
