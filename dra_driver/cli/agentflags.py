@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from dra_driver import healthcontrol
+from dra_driver.cli import common
 
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 
@@ -57,3 +58,17 @@ def sockets(args: argparse.Namespace) -> list[Path]:
     )
     found = healthcontrol.dra_sockets(plugins, args.driver_name)
     return found or [healthcontrol.dra_socket(plugins / args.driver_name)]
+
+
+def send_each(args: argparse.Namespace, req: dict[str, object]) -> int:
+    """Send ``req`` to every node agent's control socket the flags name; print each answer's
+    message. Exit code 1 (after trying them all) if any agent could not be asked."""
+    code = 0
+    for path in sockets(args):
+        try:
+            answer = healthcontrol.request(path, req)
+        except healthcontrol.ControlError as exc:
+            code = common.fail(str(exc), code=1)
+            continue
+        print(f"{path}: {answer.get('message', 'done')}")
+    return code

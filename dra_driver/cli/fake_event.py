@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dra_driver import cli, healthcontrol
+from dra_driver import cli
 from dra_driver.cli import agentflags, common
 from dra_driver.devices import healthpolicy
 
@@ -187,12 +187,4 @@ def run(args: argparse.Namespace) -> int:
         req = request_from(args)
     except common.UsageError as exc:
         return common.fail(str(exc))
-    code = 0
-    for path in agentflags.sockets(args):
-        try:
-            answer = healthcontrol.request(path, req)
-        except healthcontrol.ControlError as exc:
-            code = common.fail(str(exc), code=1)
-            continue
-        print(f"{path}: {answer.get('message', 'done')}")
-    return code
+    return agentflags.send_each(args, req)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from dra_driver import cli, healthcontrol
-from dra_driver.cli import agentflags, common
+from dra_driver import cli
+from dra_driver.cli import agentflags
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,13 +37,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    req = {"op": "nvml-resume" if args.resume else "nvml-release"}
-    code = 0
-    for path in agentflags.sockets(args):
-        try:
-            answer = healthcontrol.request(path, req)
-        except healthcontrol.ControlError as exc:
-            code = common.fail(str(exc), code=1)
-            continue
-        print(f"{path}: {answer.get('message', 'done')}")
-    return code
+    return agentflags.send_each(args, {"op": "nvml-resume" if args.resume else "nvml-release"})
