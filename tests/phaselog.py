@@ -97,30 +97,27 @@ def restore(saved: tuple[dict[str, Any], list[logging.Handler], int]) -> None:
     root.setLevel(level)
 
 
+def _captured() -> Iterator[None]:
+    """One phase's hook wrapper body: capture on from :func:`enter` to :func:`leave`."""
+    enter()
+    try:
+        return (yield)
+    finally:
+        leave()
+
+
 class Phases:
     """The plugin marking each phase; its wrappers are the innermost (``trylast``), so capture
     is on from :func:`enter` to :func:`leave`."""
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_setup(self) -> Iterator[None]:
-        enter()
-        try:
-            return (yield)
-        finally:
-            leave()
+        return (yield from _captured())
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self) -> Iterator[None]:
-        enter()
-        try:
-            return (yield)
-        finally:
-            leave()
+        return (yield from _captured())
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_teardown(self) -> Iterator[None]:
-        enter()
-        try:
-            return (yield)
-        finally:
-            leave()
+        return (yield from _captured())

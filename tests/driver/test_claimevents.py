@@ -15,6 +15,8 @@ from dra_driver.devices.fake import FakeBackend
 from dra_driver.driver import checkpoint, claimevents, claimrecords, claims, inventory, vanished
 from dra_driver.testing.fakeapi import memory
 
+from .test_vanished import record
+
 REF = claims.ClaimRef(uid="uid-1", namespace="team", name="on-gpu-3")
 LOSS = claimevents.Loss(device="gpu-3", uuids=("GPU-33333333-0000-4000-8000-000000000003",))
 
@@ -115,22 +117,6 @@ def test_emit_soon_writes_in_its_own_thread() -> None:
 
 
 # ---- at start-up ------------------------------------------------------------------------------
-
-
-def record(uid: str, device: str, uuid: str) -> checkpoint.ClaimRecord:
-    return checkpoint.ClaimRecord(
-        uid=uid,
-        namespace="team",
-        name=uid,
-        state="PrepareCompleted",
-        bootId="b",
-        devices=(
-            checkpoint.DeviceRecord(
-                requestNames=("gpu",), poolName="n1", deviceName=device, cdiDeviceIds=("x",)
-            ),
-        ),
-        cdiSpec={"containerEdits": {"env": [f"NVIDIA_VISIBLE_DEVICES={uuid}"]}, "devices": []},
-    )
 
 
 @dataclasses.dataclass
