@@ -13,6 +13,7 @@ Run: ``python benchmarks/ingredients.py [--calls N]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -49,13 +50,12 @@ def timed(fn: Callable[[int], object], calls: int) -> tuple[float, float]:
 def measure(base: Path, kubeconfig: Path, profile: Path, objs: list[Any], calls: int) -> Any:
     from dra_driver import app, logs
     from dra_driver.devices import fake
-    from dra_driver.driver import claims, results
+    from dra_driver.driver import claimplan, claims, results
     from dra_driver.kube import client
     from dra_driver.kubelet import dra_service
     from dra_driver.pb.dra.v1 import dra_pb2
 
     logs.configure(level="info", fmt="json")
-    sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (log lines are rendered, then dropped)
     api = client.KubeClient.connect(kubeconfig)
     settings = app.PluginSettings(
         node_name=bench.NODE,
@@ -80,8 +80,12 @@ def measure(base: Path, kubeconfig: Path, profile: Path, objs: list[Any], calls:
     claim = api.get_resource_claim("bench", ref.name)
     body = json.dumps(claim).encode()
     alloc = claims.allocated_devices(claim, ref=ref, driver=bench.DRIVER, pool=bench.NODE)
-    planned = st._plan(ref, alloc)
-    spec = st.specs.build(ref, planned)
+
+    def plan(i: int) -> Any:
+        return claimplan.plan(ref, alloc, devices=st.devices, device_taints=st.device_taints)
+
+    planned = st.metadata.plan(ref, claim, plan(0))
+    spec = st.specs.build(ref, planned, mounts=st.metadata.mounts(ref))
     record = st._record(ref, alloc, planned, spec, {}, [])
     uids = [str(uuid.uuid4()) for _ in range(calls + 1)]
     started = [dataclasses.replace(record, uid=u, state="PrepareStarted") for u in uids]
@@ -91,13 +95,20 @@ def measure(base: Path, kubeconfig: Path, profile: Path, objs: list[Any], calls:
         st.store.delete(uids[i])
         st.specs.remove(uids[i])
 
+    def unprepare_metadata(i: int) -> None:
+        st.metadata.remove(
+            claims.ClaimRef(uid=uids[i], namespace="bench", name=ref.name), completed[i]
+        )
+
     # The file steps of one claim's life, in order, one claim after the other (as on a node:
     # the directories stay small), each step timed on its own.
     steps: list[tuple[str, Callable[[int], object]]] = [
         ("checkpoint PrepareStarted write", lambda i: st.store.put(started[i])),
+        ("claim metadata files write (new)", lambda i: st.metadata.write(completed[i])),
         ("CDI spec file write", lambda i: st.specs.write(uids[i], spec)),
         ("checkpoint PrepareCompleted (commit)", lambda i: st.store.put(completed[i])),
         ("unprepare: remove record + spec", unprepare_files),
+        ("unprepare: remove metadata files", unprepare_metadata),
     ]
     spent = {label: [0.0, 0.0] for label, _ in steps}
     for i in range(calls + 1):
@@ -124,7 +135,7 @@ def measure(base: Path, kubeconfig: Path, profile: Path, objs: list[Any], calls:
                 calls,
             ),
         ),
-        ("opaque config decode + device plan", timed(lambda i: st._plan(ref, alloc), calls)),
+        ("opaque config decode + device plan", timed(plan, calls)),
         ("CDI spec build + checks", timed(lambda i: st.specs.build(ref, planned), calls)),
         (
             "checkpoint record build",
@@ -199,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     api_proc, kubeconfig = bench.start_api(base, claims_file, 0.0)
     out = sys.stdout
     try:
-        rows = measure(base, kubeconfig, profile, objs, args.calls)
+        # Log lines are rendered, then dropped; an error's traceback still reaches stderr.
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+            rows = measure(base, kubeconfig, profile, objs, args.calls)
     finally:
         api_proc.send_signal(signal.SIGTERM)
         api_proc.wait(timeout=20)
