@@ -25,7 +25,7 @@ Durability, decided: a *process* crash (SIGKILL, OOM kill, an upgrade) loses not
 the page cache keeps it and every change is one atomic system call — so fsync only matters for a
 power loss or kernel crash, which reboots the node and, by boot scoping, discards the records
 anyway. fsync is still real where it keeps a promise: the commit point, the ``PrepareCompleted``
-record the kubelet is about to be told about (the file fdatasynced, then its directory, before
+record the kubelet is about to be told about (the file fsynced, then its directory, before
 :meth:`Checkpoint.put` returns), and the boot marker. That is what protects a node whose boot ID
 cannot be read (every boot looks the same), and it is cheap where it counts: the directory fsync
 is group-committed (:class:`~dra_driver.driver.atomicfile.DirSync`), so claims committing
@@ -331,11 +331,7 @@ class Checkpoint:
             if not _same_but_state(record, completed):
                 return False
             os.pwrite(fd, _COMPLETED_FIELD, data.index(_STARTED_PADDED))
-            # fdatasync, not fsync: the bytes (and the size and blocks that find them) must be
-            # durable, the modification time need not; on ext4 an fsync commits the journal
-            # for that time stamp alone, which stalled every other claim's file operations in
-            # a burst (issue 46's profile of the gRPC workers). The name: the DirSync below.
-            os.fdatasync(fd)
+            os.fsync(fd)
             st = os.fstat(fd)
             # Removed or replaced behind our back: write it whole again.
             if st.st_nlink == 0 or os.stat(self._file(completed.uid)).st_ino != st.st_ino:

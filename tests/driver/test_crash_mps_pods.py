@@ -40,7 +40,7 @@ from .conftest import DRIVER, NODE, make_driver_root, ref_of
 from .sharekit import share, share_claim
 from .test_crash_points import CRASHED
 
-FILE_OPS = ("fdatasync", "fsync", "link", "pwrite", "rename", "replace", "unlink", "write")
+FILE_OPS = ("fsync", "link", "pwrite", "rename", "replace", "unlink", "write")
 
 
 @dataclasses.dataclass

@@ -178,8 +178,7 @@ def _crash_child(crash_at: int, work: Callable[[], None]) -> int:
     if pid == 0:
         count = [0]
         real = {
-            n: getattr(os, n)
-            for n in ("fdatasync", "fsync", "link", "pwrite", "rename", "replace", "unlink")
+            n: getattr(os, n) for n in ("fsync", "link", "pwrite", "rename", "replace", "unlink")
         }
         real_attr = vfiohost.write_attribute
 
