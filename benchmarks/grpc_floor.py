@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc
+from benchkit import pct
 
 from dra_driver.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 
@@ -52,11 +54,6 @@ class _Answer(dra_pb2_grpc.DRAPluginServicer):
         for c in request.claims:
             response.claims[c.uid].error = ""
         return response
-
-
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':34} {'wall ms':>9} {'p99 ms':>8} {'CPU/call ms':>12}")
     print(
         f"{f'  {args.size} calls at once (median)':34} {statistics.median(walls) * 1000:9.2f} "
-        f"{_pct(walls, 99) * 1000:8.2f} {burst_cpu * 1000:12.3f}"
+        f"{pct(walls, 99) * 1000:8.2f} {burst_cpu * 1000:12.3f}"
     )
     print(
-        f"{'  one call at a time (p50)':34} {_pct(singles, 50) * 1000:9.3f} "
-        f"{_pct(singles, 99) * 1000:8.3f} {single_cpu * 1000:12.3f}"
+        f"{'  one call at a time (p50)':34} {pct(singles, 50) * 1000:9.3f} "
+        f"{pct(singles, 99) * 1000:8.3f} {single_cpu * 1000:12.3f}"
     )
     print("  CPU: both sides (this process is the kubelet and the server)")
     return 0
