@@ -7,8 +7,9 @@ forgotten, unreadable files moved aside (:mod:`~dra_driver.driver.checkpoint`), 
 re-applied or restored, MPS daemons adopted or stopped, dynamic MIG instances reconciled with the
 records (unprepares a crash cut short are finished), interrupted preparations rolled back,
 missing or differing CDI specs of prepared claims rewritten from their records (their metadata
-files first, :mod:`~dra_driver.driver.devicemeta`), specs and metadata of ours without a record
-removed, and the GPUs the prepared claims hold handed to the slices' set ranks
+files first, :mod:`~dra_driver.driver.devicemeta`, in the directory each spec mounts them from:
+:mod:`~dra_driver.driver.metadataroots`), specs and metadata of ours without a record removed,
+and the GPUs the prepared claims hold handed to the slices' set ranks
 (:mod:`dra_driver.devices.holdings`).
 """
 
@@ -23,7 +24,7 @@ import structlog
 
 from dra_driver import logs
 from dra_driver.devices import holdings
-from dra_driver.driver import cdi, checkpoint, claims, devicemeta, inventory, mpspart, sharing
+from dra_driver.driver import cdi, checkpoint, claims, inventory, metadataroots, mpspart, sharing
 from dra_driver.driver import mig as mig_mod
 from dra_driver.driver import vfio as vfio_mod
 from dra_driver.driver.ownership import Ownership
@@ -45,7 +46,7 @@ class ClaimStateParts(Protocol):
     def specs(self) -> cdi.CdiSpecs: ...
 
     @property
-    def metadata(self) -> devicemeta.ClaimMetadata: ...
+    def metadata(self) -> metadataroots.MetadataRoots: ...
 
     @property
     def devices(self) -> inventory.Inventory: ...

@@ -40,6 +40,7 @@ import dataclasses
 import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -54,6 +55,7 @@ from dra_driver.driver import (
     claims,
     devicemeta,
     inventory,
+    metadataroots,
     mpspart,
     recordviews,
     recovery,
@@ -102,12 +104,15 @@ class ClaimState:
         held_gpus: holdings.HeldGpus | None = None,
         prepared: claiminfo.PreparedClaims | None = None,
         vfio: vfio_mod.VfioPart | None = None,
+        metadata_dir: Path | None = None,
     ) -> None:
         """``device_taints``: a device's taints now; a claim whose request does not tolerate
         one (NoSchedule / NoExecute) is refused, naming the taint and why it is there.
         ``held_gpus`` is told which full GPUs each prepared claim holds (the slices' set ranks
         follow it): after every prepare, unprepare and rollback, and by :meth:`recover`;
-        ``prepared`` likewise learns each prepared claim's pods and GPUs (per-claim metrics)."""
+        ``prepared`` likewise learns each prepared claim's pods and GPUs (per-claim metrics).
+        ``metadata_dir``: where new claims' metadata files go (None: next to the checkpoint,
+        ``<plugin-dir>/claim-metadata``); a claim prepared earlier keeps its spec's directory."""
         self.api = api
         self.driver_name = driver_name
         self.pool_name = pool_name
@@ -122,8 +127,11 @@ class ClaimState:
         self.device_taints = device_taints
         self.mps = mps
         self.held = held_gpus or holdings.HeldGpus()
-        self.metadata = devicemeta.ClaimMetadata(  # next to the checkpoint (docs/metadata.md)
-            root=store.directory / devicemeta.DIRECTORY, driver_name=driver_name, devices=devices
+        self.metadata = metadataroots.MetadataRoots(  # docs/metadata.md
+            default=store.directory / devicemeta.DIRECTORY,
+            primary=metadata_dir,
+            driver_name=driver_name,
+            devices=devices,
         )
         self.prepared = prepared or claiminfo.PreparedClaims()
         self.vfio = vfio  # GPUs passed through to VMs (docs/passthrough.md); None: none offered
