@@ -139,6 +139,7 @@ def build_driver(
         device_taints=device_taints,
         held_gpus=held_gpus,
         vfio=_vfio_part(settings, devices, mig_control, log),
+        metadata_dir=settings.metadata_dir,
     )
     # A GPU on vfio-pci for a claim is invisible to NVML on purpose: never a vanished GPU.
     vfio = claim_state.vfio

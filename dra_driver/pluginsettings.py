@@ -36,6 +36,9 @@ class PluginSettings:
     registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     cdi_root: Path = Path("/var/run/cdi")
+    # Where new claims' metadata files go (--metadata-dir; None: <plugin-dir>/claim-metadata):
+    # a tmpfs suits them (docs/metadata.md), a claim prepared earlier keeps its spec's paths.
+    metadata_dir: Path | None = None
     kubeconfig: Path | None = None
     kube_context: str | None = None  # --context: a kubeconfig context, not its current one
     driver_root: Path = Path("/")

@@ -57,6 +57,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=env_default("CDI_ROOT", "/var/run/cdi"),
         help="directory for the per-claim CDI specs (env CDI_ROOT; default /var/run/cdi)",
     )
+    parser.add_argument(
+        "--metadata-dir",
+        type=Path,
+        default=env_default("METADATA_DIR") or None,  # empty: the default
+        help="absolute directory for the claims' metadata files, best on a tmpfs such as "
+        "/run/dra-driver/claim-metadata: never fsynced, rebuilt from the checkpoint at start "
+        "(env METADATA_DIR; default <plugins-dir>/<driver>/claim-metadata; docs/metadata.md)",
+    )
     common.add_kubeconfig(parser)
     parser.add_argument(
         "--driver-root",
@@ -232,12 +240,19 @@ def settings_from(args: argparse.Namespace) -> app.PluginSettings:
         raise common.UsageError(
             f"--pod-uid {args.pod_uid!r}: not a pod UID (letters, digits and '-' only)"
         )
+    metadata_dir: Path | None = args.metadata_dir
+    if metadata_dir is not None and not metadata_dir.is_absolute():
+        raise common.UsageError(
+            f"--metadata-dir (or METADATA_DIR) {str(metadata_dir)!r}: not an absolute path "
+            "(the claims' CDI specs mount the files by host path)"
+        )
     return app.PluginSettings(
         node_name=args.node_name,
         driver_name=args.driver_name,
         registry_dir=args.kubelet_registry_dir,
         plugins_dir=args.kubelet_plugins_dir,
         cdi_root=args.cdi_root,
+        metadata_dir=metadata_dir,
         kubeconfig=args.kubeconfig,
         kube_context=args.context,
         driver_root=args.driver_root,

@@ -45,6 +45,7 @@ NOT_READ = {
     ("kubelet-plugin", "--kubelet-registry-dir"),
     ("kubelet-plugin", "--kubelet-plugins-dir"),
     ("kubelet-plugin", "--cdi-root"),
+    ("kubelet-plugin", "--metadata-dir"),
     ("kubelet-plugin", "--kubeconfig"),
     ("kubelet-plugin", "--driver-root"),
     ("kubelet-plugin", "--driver-root-mount"),
