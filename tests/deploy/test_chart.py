@@ -86,6 +86,7 @@ def test_strict_validation_catches_an_unknown_field(rc: ModuleType) -> None:
         ({"driverName": "Not_A_Domain"}, "driverName"),
         ({"devicePlugin": {"migStrategy": "all"}}, "migStrategy"),
         ({"kubeletPlugin": {"cdiRoot": "relative/cdi"}}, "cdiRoot"),
+        ({"kubeletPlugin": {"metadataDir": "run/meta"}}, "metadataDir"),
     ],
 )
 def test_schema_rejects_bad_values(rc: ModuleType, values: dict[str, Any], needle: str) -> None:
@@ -231,7 +232,7 @@ def test_fake_gpus_run_unprivileged_without_host_dev(rc: ModuleType) -> None:
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
     names = {m["name"] for m in container(ds)["volumeMounts"]}
-    assert names == {"plugins-registry", "plugin-dir", "cdi", "tmp"}
+    assert names == {"plugins-registry", "plugin-dir", "cdi", "claim-metadata", "tmp"}
     paths = {
         v["name"]: v["hostPath"]["path"]
         for v in ds["spec"]["template"]["spec"]["volumes"]
@@ -241,11 +242,42 @@ def test_fake_gpus_run_unprivileged_without_host_dev(rc: ModuleType) -> None:
         "plugins-registry": "/var/lib/kubelet/plugins_registry",
         "plugin-dir": "/var/lib/kubelet/plugins/gpu.nvidia.com",
         "cdi": "/var/run/cdi",
+        "claim-metadata": "/run/dra-driver/claim-metadata",
     }
     # host paths are mounted at identical paths (the kubelet uses the paths we report)
     for m in container(ds)["volumeMounts"]:
         if m["name"] in paths:
             assert m["mountPath"] == paths[m["name"]]
+
+
+def test_claim_metadata_dir_is_a_host_tmpfs_dir_at_the_same_path(rc: ModuleType) -> None:
+    """kubeletPlugin.metadataDir (docs/metadata.md): the agent is told it (METADATA_DIR) and
+    sees the host directory at the same path (the CDI specs mount the files by host path)."""
+    values = {"kubeletPlugin": {"metadataDir": "/run/meta"}}
+    for ds in objects(rc, values, "DaemonSet") + objects(
+        rc, {**values, "fakeGPU": {"profile": "dgx-h100"}}, "DaemonSet"
+    ):
+        assert env_of(ds)["METADATA_DIR"] == "/run/meta"
+        mounts = [m for m in container(ds)["volumeMounts"] if m["name"] == "claim-metadata"]
+        assert mounts == [{"name": "claim-metadata", "mountPath": "/run/meta"}]
+        volumes = [
+            v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "claim-metadata"
+        ]
+        assert volumes == [
+            {
+                "name": "claim-metadata",
+                "hostPath": {"path": "/run/meta", "type": "DirectoryOrCreate"},
+            }
+        ]
+    (ds,) = objects(rc, {}, "DaemonSet")  # the default: /run, a tmpfs on every systemd node
+    assert env_of(ds)["METADATA_DIR"] == "/run/dra-driver/claim-metadata"
+
+
+def test_an_empty_metadata_dir_keeps_the_files_in_the_plugin_dir(rc: ModuleType) -> None:
+    (ds,) = objects(rc, {"kubeletPlugin": {"metadataDir": ""}}, "DaemonSet")
+    assert "METADATA_DIR" not in env_of(ds)
+    assert "claim-metadata" not in {m["name"] for m in container(ds)["volumeMounts"]}
+    assert "claim-metadata" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
 
 
 def test_probes_use_the_metrics_port(rc: ModuleType) -> None:
