@@ -1,7 +1,9 @@
 """Device metadata in the container: what a prepared claim got, as JSON files the spec mounts.
 
-Two kinds of file per claim, side by side in one flat directory on the host,
-``<plugin-dir>/claim-metadata/`` (docs/metadata.md):
+Two kinds of file per claim, side by side in one flat directory on the host: ``--metadata-dir``
+(a tmpfs such as ``/run/dra-driver/claim-metadata``), else ``<plugin-dir>/claim-metadata/``;
+a claim stays in the directory its spec mounts (:mod:`~dra_driver.driver.metadataroots`,
+docs/metadata.md):
 
 * ``<claim-uid>.claim.json``, our own format, mounted read-only at
   ``/var/run/nvidia-dra/claims/<uid>.json`` through the spec's claim-wide edits (every container
