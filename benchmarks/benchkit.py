@@ -10,9 +10,10 @@ from an API server through the real client adapter — so they build it the same
   ``idle_timeout_s`` (kube-apiserver: 90 s); it counts accepted connections and resumed TLS
   sessions (``/fakeapi/stats``);
 * the plugin is ``python -m dra_driver kubelet-plugin`` on a fake node (real CDI and checkpoint
-  files with fsync; CDI specs on a tmpfs as on a node), optionally from another source tree
-  (``tree``: e.g. an export of ``main`` for a before/after comparison; settings that older trees
-  do not know go through environment variables, which they ignore).
+  files with fsync; CDI specs on a tmpfs as on a node, and the claim metadata files next to
+  them, ``--metadata-dir``, where the tree's chart puts them on a tmpfs), optionally from
+  another source tree (``tree``: e.g. an export of ``main`` for a before/after comparison;
+  settings that older trees do not know go through environment variables, which they ignore).
 """
 
 from __future__ import annotations
@@ -317,13 +318,21 @@ class Plugin:
         the chart's log level) instead of ``python -m dra_driver`` from ``tree``. ``floor``: run
         :mod:`floorplugin` instead of the agent (the same sockets, the same kubelet calls).
         ``publish``: publish slices and watch the node's pods, as users run it."""
+        import imagekit
+
         self.base = base
         self.cdi = cdi or base / "cdi"
-        for sub in (base / "registry", base / "plugins", self.cdi):
-            shutil.rmtree(sub, ignore_errors=True)
+        # Where the chart of ``tree`` puts the claim metadata files (a tmpfs, METADATA_DIR):
+        # next to the CDI specs here; None where its chart keeps them in the plugin directory.
+        self.metadata = (
+            self.cdi.with_name(f"{self.cdi.name}-metadata")
+            if imagekit.chart_metadata_dir(tree)
+            else None
+        )
+        for sub in (base / "registry", base / "plugins", self.cdi, self.metadata):
+            if sub is not None:
+                shutil.rmtree(sub, ignore_errors=True)
         if image is not None:
-            import imagekit
-
             head = [*imagekit.agent_command(image), "--log-level", imagekit.chart_log_level()]
             environ = {**imagekit.process_env(image, tree), **(env or {})}
             cwd = base
@@ -358,6 +367,7 @@ class Plugin:
             "--metrics-port",
             "0",
             *(["--serial"] if serial else []),
+            *(["--metadata-dir", str(self.metadata)] if self.metadata else []),
         ]
         if floor:
             python = str(image / "bin/python") if image is not None else sys.executable
@@ -452,6 +462,8 @@ class Plugin:
         self.proc.wait(timeout=20)
         self.log.close()
         shutil.rmtree(self.cdi, ignore_errors=True)
+        if self.metadata is not None:
+            shutil.rmtree(self.metadata, ignore_errors=True)
 
 
 def _cpu_s(pid: int) -> float:

@@ -42,6 +42,7 @@ SKIP = ["-x", "/(test|tests|idle_test)/"]
 LEVELS = ["-o", "0", "-o", "2"]
 # What the caller's environment must not hand the agents (the image has none of them).
 DROPPED = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONPYCACHEPREFIX", "PYTHONSTARTUP")
+VALUES = "deployments/helm/dra-driver/values.yaml"  # the chart's values, in a tree
 
 
 def base_python() -> str:
@@ -79,6 +80,16 @@ def chart_log_level(tree: Path = REPO) -> str:
     values = (tree / "deployments/helm/dra-driver/values.yaml").read_text(encoding="utf-8")
     found = re.search(r"^logging:\n(?:[ \t]+#.*\n)*[ \t]+level:[ \t]*(\w+)", values, re.M)
     return found.group(1) if found else "info"
+
+
+def chart_metadata_dir(tree: Path = REPO) -> str | None:
+    """The chart's ``kubeletPlugin.metadataDir`` (``METADATA_DIR``: the claim metadata files on
+    a tmpfs), or None where it is empty or the chart has none (a tree from before issue 46)."""
+    values = (tree / VALUES).read_text(encoding="utf-8")
+    block = re.search(r"^kubeletPlugin:\n((?:[ \t]+.*\n|[ \t]*\n)*)", values, re.M)
+    found = re.search(r"^  metadataDir:[ \t]*(.*?)[ \t]*$", block.group(1), re.M) if block else None
+    value = found.group(1).split(" #", 1)[0].strip().strip("\"'") if found else ""
+    return value or None
 
 
 def image_env(tree: Path = REPO, *, optimize: int | None = None) -> dict[str, str]:
