@@ -400,6 +400,11 @@ def main(argv: list[str] | None = None) -> int:
         f"kubelet plugin prepare benchmark, plugin from {tree}: {os.cpu_count()} CPUs, "
         f"CDI specs on {benchkit.fs_type(cdi)}, API delay {args.api_delay_ms:g} ms"
     )
+    where = imagekit.chart_metadata_dir(args.tree)
+    print(
+        "claim metadata files: "
+        + (f"beside the CDI specs (the chart's metadataDir {where})" if where else "plugin dir")
+    )
     if image is not None:
         envs = " ".join(f"{k}={v}" for k, v in sorted(imagekit.image_env(args.tree).items()))
         print(
