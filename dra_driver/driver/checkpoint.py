@@ -24,16 +24,18 @@ power loss cannot matter.
 Durability, decided: a *process* crash (SIGKILL, OOM kill, an upgrade) loses nothing we wrote —
 the page cache keeps it and every change is one atomic system call — so fsync only matters for a
 power loss or kernel crash, which reboots the node and, by boot scoping, discards the records
-anyway. fsync is still real where it keeps a promise: the commit point, the ``PrepareCompleted``
-record the kubelet is about to be told about (the file fsynced, then its directory, before
-:meth:`Checkpoint.put` returns), and the boot marker. That is what protects a node whose boot ID
-cannot be read (every boot looks the same), and it is cheap where it counts: the directory fsync
-is group-committed (:class:`~dra_driver.driver.atomicfile.DirSync`), so claims committing
-together share one, and journaling filesystems merge concurrent file fsyncs into one journal
-commit. ``PrepareStarted`` records and removals are atomic but not synced: losing one to a power
-loss is harmless (an orphaned spec is swept at start-up; a resurrected record is discarded with
-its boot or, with an unreadable boot ID, is unprepared by the periodic clean-up once its
-ResourceClaim is gone).
+anyway: every one of them, by name, whatever state a power loss left it in. So no record is
+fsynced (issue 46: the commit's fsync and its directory's were a prepare's two slowest system
+calls, and 32 claims at once queued on them). What is synced is what boot scoping itself rests
+on: the boot marker, written durably at start-up. Where the boot ID cannot be read
+(:data:`UNKNOWN_BOOT`: every boot looks the same, so boot scoping cannot tell an earlier boot's
+records), the commit point is durable instead: the ``PrepareCompleted`` record the kubelet is
+about to be told about is fsynced, then its directory, before :meth:`Checkpoint.put` returns —
+the directory fsync group-committed (:class:`~dra_driver.driver.atomicfile.DirSync`), so claims
+committing together share one. ``PrepareStarted`` records and removals are atomic but never
+synced: losing one to a power loss is harmless (an orphaned spec is swept at start-up; a
+resurrected record is discarded with its boot or, with an unreadable boot ID, is unprepared by
+the periodic clean-up once its ResourceClaim is gone).
 
 Cost (see ``benchmarks/ingredients.py``): a record is serialised by
 :meth:`~dra_driver.driver.claimrecords.ClaimRecord.encode` (its CDI spec, the bulk of it,
@@ -67,6 +69,7 @@ from dra_driver.driver.claimrecords import (
     MAX_FILE_BYTES,
     PREPARE_COMPLETED,
     PREPARE_STARTED,
+    UNKNOWN_BOOT,
     ClaimRecord,
     DeviceRecord,
     MigRecord,
@@ -90,6 +93,7 @@ __all__ = [
     "PREPARE_COMPLETED",
     "PREPARE_STARTED",
     "SPARE_PREFIX",
+    "UNKNOWN_BOOT",
     "Checkpoint",
     "CheckpointError",
     "ClaimRecord",
@@ -137,9 +141,19 @@ class Checkpoint:
     """
 
     def __init__(
-        self, *, directory: Path, boot_id: str, log: structlog.typing.FilteringBoundLogger
+        self,
+        *,
+        directory: Path,
+        boot_id: str,
+        log: structlog.typing.FilteringBoundLogger,
+        durable: bool | None = None,
     ) -> None:
+        """``durable``: fsync each commit (the record file, then its directory) before
+        :meth:`put` returns. None (the default): only when the boot ID is
+        :data:`UNKNOWN_BOOT`, the one case where a record could outlive a power loss (see
+        the module docstring)."""
         self.directory = directory
+        self.durable = boot_id == UNKNOWN_BOOT if durable is None else durable
         self.claims_dir = directory / "claims"
         self.aside_dir = directory / "claims-aside"
         self.boot_id = boot_id
@@ -168,6 +182,13 @@ class Checkpoint:
         """Read every record (once, at start-up). Records of another boot are deleted from disk
         and their UIDs reported; undecodable files are moved aside and reported."""
         report = LoadReport()
+        if self.boot_id == UNKNOWN_BOOT:
+            self._log.warning(
+                "the node's boot ID cannot be read: prepared claims cannot be told from an "
+                "earlier boot's, so every commit is fsynced",
+                checkpoint=str(self.directory),
+                durable=self.durable,
+            )
         self.claims_dir.mkdir(parents=True, exist_ok=True)
         atomicfile.remove_stale_temporaries(self.claims_dir)
         atomicfile.remove_stale_temporaries(self.directory)
@@ -273,7 +294,9 @@ class Checkpoint:
                 self._started[uid] = (record, data, self._write_started(uid, data))
             elif not self._commit_in_place(record):
                 data = record.encode(spec_json=spec_json) + b"\n"
-                atomicfile.write_bytes(self._file(uid), data, dir_sync=self._dir_sync)
+                atomicfile.write_bytes(
+                    self._file(uid), data, durable=self.durable, dir_sync=self._dir_sync
+                )
         except OSError as exc:
             raise CheckpointError(f"cannot write checkpoint for claim {uid}: {exc}") from exc
         with self._lock:
@@ -331,7 +354,8 @@ class Checkpoint:
             if not _same_but_state(record, completed):
                 return False
             os.pwrite(fd, _COMPLETED_FIELD, data.index(_STARTED_PADDED))
-            os.fsync(fd)
+            if self.durable:
+                os.fsync(fd)
             st = os.fstat(fd)
             # Removed or replaced behind our back: write it whole again.
             if st.st_nlink == 0 or os.stat(self._file(completed.uid)).st_ino != st.st_ino:
@@ -340,7 +364,8 @@ class Checkpoint:
             return False
         finally:
             os.close(fd)
-        self._dir_sync.sync()  # the Started record's name was not synced when it was linked
+        if self.durable:
+            self._dir_sync.sync()  # the Started record's name was not synced when linked
         return True
 
     def _drop_started(self, uid: str) -> None:

@@ -39,6 +39,7 @@ from dra_driver.driver import results
 
 FORMAT_VERSION: Final = 1
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+UNKNOWN_BOOT: Final = "unknown"  # what read_boot_id gives without a readable boot ID
 PREPARE_STARTED: Final = "PrepareStarted"
 PREPARE_COMPLETED: Final = "PrepareCompleted"
 State = Literal["PrepareStarted", "PrepareCompleted"]
@@ -373,11 +374,12 @@ def valid_uid(uid: str) -> bool:
 
 
 def read_boot_id(path: Path = BOOT_ID_FILE) -> str:
-    """The kernel's random ID of this boot; a fixed marker when the file is not readable."""
+    """The kernel's random ID of this boot; :data:`UNKNOWN_BOOT` when the file is not readable
+    (then every boot looks the same, and the checkpoint syncs its commits)."""
     try:
-        return path.read_text().strip() or "unknown"
+        return path.read_text().strip() or UNKNOWN_BOOT
     except OSError:
-        return "unknown"
+        return UNKNOWN_BOOT
 
 
 def read_file(path: Path) -> bytes:

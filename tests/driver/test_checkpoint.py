@@ -143,12 +143,22 @@ def test_uid_validation_and_boot_id(tmp_path: Path) -> None:
         store(tmp_path).put(record("u1", boot="other"))
 
 
-def test_completion_flips_the_started_record_in_place_and_durably(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("boot", "syncs_wanted"),
+    [
+        # Boot scoping discards every record after a power loss: nothing to sync (issue 46).
+        ("b1", 0),
+        # Every boot looks the same: the file, then its directory (the name was never synced).
+        (checkpoint.UNKNOWN_BOOT, 2),
+    ],
+)
+def test_completion_flips_the_started_record_in_place_durably_only_without_a_boot_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, boot: str, syncs_wanted: int
 ) -> None:
-    s = store(tmp_path)
+    s = store(tmp_path, boot)
+    assert s.durable is (boot == checkpoint.UNKNOWN_BOOT)
     s.load()
-    started = record("u1", state="PrepareStarted")
+    started = record("u1", boot, state="PrepareStarted")
     s.put(started)
     path = tmp_path / "claims/u1.json"
     on_disk = json.loads(path.read_bytes())  # padded, but valid JSON
@@ -158,11 +168,28 @@ def test_completion_flips_the_started_record_in_place_and_durably(
     syncs: list[int] = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append(fd), real_fsync(fd))[1])
-    s.put(record("u1"))
+    want = record("u1", boot)
+    s.put(want)
     assert path.stat().st_ino == inode  # no new file: the state bytes were overwritten
-    assert len(syncs) == 2  # the file, then its directory (the name was never synced)
-    assert path.read_bytes() == record("u1").encode() + b"\n"  # exactly a fresh record's bytes
-    assert [r.state for r in store(tmp_path).load().records] == ["PrepareCompleted"]
+    assert len(syncs) == syncs_wanted
+    assert path.read_bytes() == want.encode() + b"\n"  # exactly a fresh record's bytes
+    assert [r.state for r in store(tmp_path, boot).load().records] == ["PrepareCompleted"]
+
+
+@pytest.mark.parametrize(("boot", "syncs_wanted"), [("b1", 0), (checkpoint.UNKNOWN_BOOT, 2)])
+def test_a_whole_record_write_syncs_only_without_a_boot_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, boot: str, syncs_wanted: int
+) -> None:
+    s = store(tmp_path, boot)
+    s.load()
+    s.put(record("u1", boot, state="PrepareStarted"))
+    syncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append(fd), real_fsync(fd))[1])
+    other = dataclasses.replace(record("u1", boot), name="renamed")  # not a flip in place
+    s.put(other)
+    assert len(syncs) == syncs_wanted  # the temporary file, then the directory after the rename
+    assert store(tmp_path, boot).load().records == [other]
 
 
 def test_a_completed_record_that_differs_replaces_the_file_whole(tmp_path: Path) -> None:
@@ -238,3 +265,13 @@ def test_records_of_another_boot_are_removed_without_fsync(
     report = store(tmp_path, "new-boot").load()  # a new boot: dropped by name, unread
     assert report.other_boot == ["u1", "u2"]
     assert removed == [("u3.json", False), ("u1.json", False), ("u2.json", False)]
+
+
+def test_an_unreadable_boot_id_is_said_at_load_and_makes_commits_durable(tmp_path: Path) -> None:
+    with structlog.testing.capture_logs() as logged:
+        store(tmp_path, checkpoint.UNKNOWN_BOOT).load()
+        store(tmp_path / "other", "b1").load()
+    [line] = [e for e in logged if e["log_level"] == "warning"]
+    assert "boot ID cannot be read" in line["event"] and line["durable"] is True
+    assert line["checkpoint"] == str(tmp_path)
+    assert checkpoint.read_boot_id(tmp_path / "missing") == checkpoint.UNKNOWN_BOOT

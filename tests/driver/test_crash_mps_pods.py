@@ -193,10 +193,10 @@ def test_a_crash_at_any_step_of_a_daemon_pod_leaves_no_orphan_pod_or_exclusive_g
         driver.close()
         crash_at += 1
     assert code == 0, f"the child failed without a crash at step {crash_at}"
-    # Each claim's own windows (9 to prepare, 4 to unprepare, as in test_crash_points) and the
+    # Each claim's own windows (7 to prepare, 4 to unprepare, as in test_crash_points) and the
     # daemon's: record Starting, compute mode, Pod create, record Running (prepare); record
     # Stopping, quit, Pod delete, compute mode, files removed (unprepare).
-    assert crash_at >= (2 * 9 + 4 if scenario == "prepare" else 2 * 4 + 5), crash_at
+    assert crash_at >= (2 * 7 + 4 if scenario == "prepare" else 2 * 4 + 5), crash_at
     driver = rig.build()
     _check(rig, driver)
     assert len(rig.pods()) == (1 if scenario == "prepare" else 0)
