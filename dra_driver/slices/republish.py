@@ -15,10 +15,14 @@ not prepared yet (``allocated``, fed by :mod:`dra_driver.slices.allocwatch`): a 
 the ranks when neither a prepared claim holds it nor a live allocation names it. Prepare and the
 checkpoint stay the truth for what is held; allocations only steer the ranks.
 
-Bursts coalesce: a change of holdings waits ``settle_s`` for the rest of its burst (32 claims
-prepared at once), a change of allocations only ``settle_alloc_s`` (the scheduler binds one pod
-at a time and the next claim should see the new ranks soon), then one rebuild takes the newest
-state, and the publisher writes the newest desired set it has when its pass runs. Health changes
+Bursts coalesce: a change of holdings waits for the end of its burst — until the holdings have
+not changed for ``settle_s`` (32 claims prepared at once, then their unprepares), at most
+``max_defer_s`` after the change (issue 46: on a node whose claims keep coming, a rebuild per
+burst ran in the middle of the next one and took the interpreter from its prepares; the ranks
+then lag by at most that) — a change of allocations only ``settle_alloc_s`` (the scheduler binds
+one pod at a time and the next claim should see the new ranks soon; one during a burst's wait
+ends it), then one rebuild takes the newest state, and the publisher writes the newest desired
+set it has when its pass runs. Health changes
 are rebuilt at once (a failing GPU's taint is urgent). A change that alters no slice rebuilds
 byte-identical slices: the publisher writes nothing. A rebuild that raises is logged and
 skipped; the last good set stays published and the next change is rebuilt as usual. A change
@@ -35,6 +39,7 @@ held): a fraction of a millisecond on 8 GPUs.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -49,6 +54,7 @@ from dra_driver.slices import build, serverfeatures, shares, taints
 Obj = dict[str, Any]
 SETTLE_S = 0.1  # how long a change of holdings waits for the rest of its burst
 SETTLE_ALLOC_S = 0.01  # how long a change of allocations waits (p99 bound: docs/topology.md)
+MAX_DEFER_S = 2.0  # how long holdings that keep changing may hold back their rebuild
 NO_HEALTH = health.Snapshot(version=0, unhealthy=MappingProxyType({}))
 NO_HOLDINGS = holdings.Snapshot(version=0, held=frozenset())
 
@@ -106,6 +112,7 @@ class Republisher:
         allocated: holdings.HeldGpus | None = None,
         settle_s: float = SETTLE_S,
         settle_alloc_s: float = SETTLE_ALLOC_S,
+        max_defer_s: float = MAX_DEFER_S,
         metrics: metrics_mod.DriverMetrics | None = None,
         observe: Callable[[Inputs], None] | None = None,
     ) -> None:
@@ -122,6 +129,7 @@ class Republisher:
         self._last: list[Obj] | None = None  # the set last handed over, once known
         self._settle_s = settle_s
         self._settle_alloc_s = settle_alloc_s
+        self._max_defer_s = max_defer_s
         self._metrics = metrics
         self._observe = observe
         self._wake = threading.Event()
@@ -179,7 +187,10 @@ class Republisher:
             if seen.health.version == self._built.health.version and not self._forced:
                 # holdings or allocations only: one rebuild for the burst
                 prepared = seen.held.version != self._built.held.version
-                self._stop.wait(self._settle_s if prepared else self._settle_alloc_s)
+                if prepared and seen.allocated.version == self._built.allocated.version:
+                    self._burst_end(seen)
+                else:  # allocations steer the next pick: no longer than a burst's settle
+                    self._stop.wait(self._settle_s if prepared else self._settle_alloc_s)
                 if self._stop.is_set():
                     return
             self._wake.clear()
@@ -190,6 +201,21 @@ class Republisher:
 
     def _now(self) -> Inputs:
         return current(self._board, self._held, self._allocated)
+
+    def _burst_end(self, seen: Inputs) -> None:
+        """Wait until the holdings have not changed for ``settle_s``, at most ``max_defer_s``;
+        a change of health or allocations (which steer what comes next) ends the wait."""
+        deadline = time.monotonic() + self._max_defer_s
+        while not self._stop.wait(min(self._settle_s, max(0.0, deadline - time.monotonic()))):
+            now = self._now()
+            if (
+                now.held.version == seen.held.version
+                or now.health.version != seen.health.version
+                or now.allocated.version != seen.allocated.version
+                or time.monotonic() >= deadline
+            ):
+                return
+            seen = now
 
     def _republish(self, now: Inputs, forced: bool = False) -> None:
         health_changed = now.health.version != self._built.health.version
