@@ -272,14 +272,16 @@ class Checkpoint:
             return list(self._records.values())
 
     def put(self, record: ClaimRecord, *, spec_json: str | None = None) -> None:
-        """Write ``record``, then index it; durably only at the commit point (Completed).
+        """Write ``record``, then index it; durably only at the commit point (Completed), and only
+        where the checkpoint is :attr:`durable` (no readable boot ID).
 
         The usual sequence — the ``PrepareStarted`` record, then the same record
         ``PrepareCompleted`` — commits in place: the Started record is written with its state
         padded (JSON whitespace) to the width of the Completed one, and the commit overwrites
-        just those bytes (one ``pwrite`` within the first page, then fsync). That spares a new
-        inode, a rename and freeing the old inode — on ext4 the allocation of inodes at a high
-        churn rate is the single most expensive thing a prepare does in the kernel. Anything
+        just those bytes (one ``pwrite`` within the first page; fsync where durable). That
+        spares a new inode, a rename and freeing the old inode — on ext4 the allocation of
+        inodes at a high churn rate is the single most expensive thing a prepare does in the
+        kernel. Anything
         else (a record that differs in more than its state) is replaced atomically as a whole.
         ``spec_json``: the record's CDI spec already encoded (:func:`encode_json`), if at hand.
         """
