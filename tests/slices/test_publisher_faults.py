@@ -191,10 +191,15 @@ def test_a_silently_dead_watch_connection_is_noticed_and_reopened(
     assert proxy.blackhole_all(sent=b"watch=1") >= 1  # no FIN, no RST: just silence
     count = len(mem.all_resource_slices())
     mem.remove_resource_slice("n1-gpu.nvidia.com-0")
+
     # Noticed 3.0 + 0.5 s after the watch began, not at a read timeout of 10+ s.
-    wait_for(lambda: len(mem.all_resource_slices()) == count, timeout=9)
-    dead = [kw for lvl, event, kw in log.lines if "presumed dead" in str(kw.get("error"))]
-    assert dead and dead[0]["status"] == 0
+    def dead() -> list[dict[str, Any]]:
+        return [kw for lvl, event, kw in log.lines if "presumed dead" in str(kw.get("error"))]
+
+    # Both, in either order: on a loaded machine the repair can come first (bytes the proxy had
+    # in hand when it froze), but the silent watch must still be found dead within the bound.
+    wait_for(lambda: len(mem.all_resource_slices()) == count and bool(dead()), timeout=9)
+    assert dead()[0]["status"] == 0
 
 
 def test_the_publisher_lock_stands_by_only_while_another_instance_holds_it(
