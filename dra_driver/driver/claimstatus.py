@@ -11,10 +11,13 @@ exactly ours. ``metadata.uid`` travels as a precondition: a claim re-created und
 name is never written to.
 
 Never on the prepare path: :meth:`StatusWriter.sync` only queues the claim, a background thread
-writes, and it writes while no claim of this node is being prepared or unprepared
+writes, and it writes once no claim of this node has been prepared or unprepared for ``settle_s``
 (:meth:`StatusWriter.busy`; at most ``max_defer_s`` late): on a busy API server (2 cores, a burst
 of claims) each apply costs the server about what a claim GET does, so applying in the middle of
-a burst made every prepare of it wait longer for its GET (issue 37). What it writes is derived
+a burst made every prepare of it wait longer for its GET (issue 37); and a write slipped into
+the few milliseconds between two calls of a burst (the kubelet's pods do not start at the same
+instant) ran into the next ones (issue 46: the API server's CPU during warm bursts of 32 was
+all status writes). What it writes is derived
 at write time from the checkpoint (a completed record: its devices; no record: nothing), so a
 queued prepare and a later unprepare cannot be applied in the wrong order. A refused or failed
 write is logged with the claim, counted (``dra_driver_claim_status_writes_total{result}``) and
@@ -52,6 +55,7 @@ from dra_driver.driver.statusentries import ready_condition as ready_condition
 from dra_driver.kube import api as kube
 
 RESULTS = ("success", "failure", "gone", "abandoned", "dropped")
+SETTLE_S = 0.1  # how long after the last claim in progress a write may go out
 _COUNTERS: weakref.WeakKeyDictionary[prom.CollectorRegistry, prom.Counter] = (
     weakref.WeakKeyDictionary()
 )
@@ -131,8 +135,10 @@ class StatusWriter:
         max_attempts: int = 10,
         clock: Callable[[], float] = time.monotonic,
         max_defer_s: float = 2.0,
+        settle_s: float = SETTLE_S,
     ) -> None:
-        """``max_defer_s``: how long a due write may wait for claims in progress to end."""
+        """``max_defer_s``: how long a due write may wait for claims in progress to end;
+        ``settle_s``: how long the claims must have been quiet before a write goes out."""
         self.api = api
         self.store = store
         self.devices = devices
@@ -151,7 +157,9 @@ class StatusWriter:
         self._lost: dict[str, tuple[frozenset[str], str]] = {}  # UID → lost devices, since when
         self._cond = threading.Condition()
         self.max_defer_s = max_defer_s
+        self.settle_s = settle_s
         self._in_progress = 0  # prepares and unprepares running now (see busy())
+        self._last_busy = -float("inf")  # when the last claim in progress ended
         self._stopped = False
         self._busy = threading.Lock()  # held while writing (see _before_fork)
         _WRITERS.add(self)
@@ -177,7 +185,8 @@ class StatusWriter:
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
-        """Around a claim's prepare or unprepare: writes wait until none is in progress."""
+        """Around a claim's prepare or unprepare: writes wait until none has been in progress
+        for ``settle_s``."""
         with self._cond:
             self._in_progress += 1
         try:
@@ -186,6 +195,7 @@ class StatusWriter:
             with self._cond:
                 self._in_progress -= 1
                 if not self._in_progress:
+                    self._last_busy = self._clock()
                     self._cond.notify()
 
     def pending(self) -> int:
@@ -205,13 +215,17 @@ class StatusWriter:
                 while not self._stopped:
                     now = self._clock()
                     due = [j for j in self._jobs.values() if j.due <= now]
-                    if due and self._in_progress:  # claims first, unless one waited too long
+                    settles = self._last_busy + self.settle_s - now  # > 0: claims just ended
+                    held = bool(self._in_progress) or settles > 0
+                    if due and held:  # claims first, unless one waited too long
                         due = [j for j in due if j.due + self.max_defer_s <= now]
                     if due:
                         break
                     waits = [j.due - now for j in self._jobs.values() if j.due > now]
-                    if self._in_progress:
+                    if held and self._jobs:
                         waits += [j.due + self.max_defer_s - now for j in self._jobs.values()]
+                        if not self._in_progress:
+                            waits.append(settles)
                     self._cond.wait(timeout=max(0.0, min(waits)) if waits else None)
                 if self._stopped:
                     return

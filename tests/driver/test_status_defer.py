@@ -2,8 +2,9 @@
 
 Why: each status apply costs the API server about what a claim GET does; applied in the middle
 of a burst of prepares, they made every prepare of the burst wait longer for its own GET. The
-writer now holds its writes while any prepare or unprepare of this node runs, for at most
-``max_defer_s``.
+writer now holds its writes while any prepare or unprepare of this node runs, and until none has
+run for ``settle_s`` (issue 46: a write slipped into the gap between two calls of a burst ran into
+the next ones), for at most ``max_defer_s``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,40 @@ def test_no_status_write_while_a_claim_is_in_progress(node: Node) -> None:
     assert polling.poll(lambda: status.pending() == 0)
     stored = node.api.get_resource_claim("default", "first")
     assert [d["device"] for d in stored["status"]["devices"]] == ["gpu-0"]
+
+
+def test_no_status_write_in_the_gaps_between_the_calls_of_a_burst(node: Node) -> None:
+    status = node.driver.status
+    assert status is not None
+    status.max_defer_s = 600.0
+    status.settle_s = 0.5
+    ref = node.add(claim_obj(name="gaps", uid=new_uid(), devices=["gpu-0"]))
+    assert node.driver.prepare([ref])[ref.uid].error == ""
+    started = time.monotonic()
+    for _ in range(6):  # the rest of the burst: calls with short gaps between them
+        with status.busy():
+            time.sleep(0.02)
+        time.sleep(0.05)  # a gap, shorter than settle_s: no write may go out in it
+    assert time.monotonic() - started < 1.0, "too slow a machine for this test's timing"
+    assert _applies(node) == []
+    ended = time.monotonic()
+    polling.wait_for(lambda: _applies(node) == ["gaps"], what="the status write after the burst")
+    # Not before the claims had been quiet for settle_s (it may be later on a slow machine).
+    assert time.monotonic() - ended >= 0.5 - 0.1
+    assert polling.poll(lambda: status.pending() == 0)
+
+
+def test_a_write_goes_out_once_the_claims_have_been_quiet_for_settle_s(node: Node) -> None:
+    status = node.driver.status
+    assert status is not None
+    status.settle_s = 0.3
+    ref = node.add(claim_obj(name="settled", uid=new_uid(), devices=["gpu-1"]))
+    assert node.driver.prepare([ref])[ref.uid].error == ""
+    ended = time.monotonic()  # its own prepare was the last claim in progress
+    time.sleep(0.15)
+    assert _applies(node) == []  # settling
+    polling.wait_for(lambda: _applies(node) == ["settled"], what="the settled write")
+    assert time.monotonic() - ended >= 0.3
 
 
 def test_a_held_write_goes_out_after_max_defer_even_when_claims_never_stop(node: Node) -> None:
