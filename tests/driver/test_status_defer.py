@@ -68,6 +68,36 @@ def test_no_status_write_in_the_gaps_between_the_calls_of_a_burst(node: Node) ->
     assert polling.poll(lambda: status.pending() == 0)
 
 
+def test_syncs_during_a_burst_wake_the_writer_only_when_it_has_something_new_to_wait_for(
+    node: Node,
+) -> None:
+    """Each wake-up of the writer takes the interpreter from the burst's calls; while claims
+    are in progress and a job is already due, the writer's wait already ends in time."""
+    status = node.driver.status
+    assert status is not None
+    status.max_defer_s = 0.5
+    wakes: list[str] = []
+    notify = status._cond.notify
+
+    def counting_notify(n: int = 1) -> None:
+        wakes.append("notify")
+        notify(n)
+
+    status._cond.notify = counting_notify  # type: ignore[method-assign]
+    refs = [
+        node.add(claim_obj(name=f"b{i}", uid=new_uid(), devices=[f"gpu-{i}"])) for i in range(4)
+    ]
+    with status.busy():  # the burst's other claims
+        for ref in refs:
+            assert node.driver.prepare([ref])[ref.uid].error == ""
+        assert wakes == ["notify"]  # the first job only: the writer had nothing to wait for
+        # Held, each is still written by its deadline, with claims still in progress.
+        polling.wait_for(
+            lambda: sorted(_applies(node)) == ["b0", "b1", "b2", "b3"], what="the held writes"
+        )
+    assert polling.poll(lambda: status.pending() == 0)
+
+
 def test_a_write_goes_out_once_the_claims_have_been_quiet_for_settle_s(node: Node) -> None:
     status = node.driver.status
     assert status is not None
