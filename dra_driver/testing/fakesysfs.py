@@ -183,9 +183,12 @@ class FakeKernel:
         if current is not None or (override and override != driver):
             self.events.append(f"bind {driver} {bdf}: refused (driver {current}, {override!r})")
             return
-        self._link(bdf, driver)
+        # As the kernel: vfio-pci's probe registers the device (its group node, its cdev)
+        # before the driver core links the driver; a reader that sees the link sees the nodes
+        # (the other order once failed a test: the group node seen, the cdev not yet).
         if driver == "vfio-pci" and bdf not in self.missing_node:
             self._make_nodes(bdf)
+        self._link(bdf, driver)
         self.events.append(f"bind {driver} {bdf}")
 
     def _make_nodes(self, bdf: str) -> None:

@@ -91,6 +91,28 @@ def test_iommufd_nodes(tmp_path: Path) -> None:
         assert nodes == {"gpu-vfio-2": ("/dev/vfio/devices/vfio0", "/dev/iommu")}
 
 
+def test_the_fake_kernel_makes_the_vfio_nodes_before_it_links_the_driver(tmp_path: Path) -> None:
+    """As vfio-pci's probe does: whoever sees the driver link sees the nodes. The other order
+    let ``wait_nodes`` see the group node without the cdev yet and answer the legacy nodes
+    (once, test_iommufd_nodes in a clone-alone run)."""
+    devices = node_of("pcie-l4")
+    with fakesysfs.running(tmp_path, fakesysfs.groups_of(devices), iommufd=True) as kernel:
+        at_link: list[tuple[bool, list[str]]] = []
+        link = kernel._link
+
+        def observed(bdf: str, driver: str) -> None:
+            if driver == "vfio-pci":
+                vdev = kernel.device(bdf) / "vfio-dev"
+                group = kernel.root / "dev" / "vfio" / str(kernel.groups[bdf])
+                at_link.append((group.exists(), sorted(os.listdir(vdev))))
+            link(bdf, driver)
+
+        kernel._link = observed  # type: ignore[method-assign]
+        p = part(kernel, devices)
+        p.apply(REF, p.targets(["gpu-vfio-2"]))
+        assert at_link == [(True, ["vfio0"])]
+
+
 def test_a_gpu_sharing_its_iommu_group_is_refused_and_nothing_changes(tmp_path: Path) -> None:
     devices = node_of("pcie-l4-shared-iommu")
     with fakesysfs.running(tmp_path, fakesysfs.groups_of(devices)) as kernel:
