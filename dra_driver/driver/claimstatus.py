@@ -174,7 +174,7 @@ class StatusWriter:
             now = self._clock()
             # Claims in progress and another job already due: the writer sleeps until that
             # one's deadline, no later than this one's. Waking it for nothing took the
-            # interpreter from the burst (issue 46: a third of the writer's wake-ups).
+            # interpreter from the burst (issue 46: most of the writer's wake-ups).
             covered = self._in_progress and any(
                 j.due <= now for uid, j in self._jobs.items() if uid != ref.uid
             )

@@ -51,7 +51,7 @@ def test_no_status_write_in_the_gaps_between_the_calls_of_a_burst(node: Node) ->
     status = node.driver.status
     assert status is not None
     status.max_defer_s = 600.0
-    status.settle_s = 0.5
+    status.settle_s = 1.0
     ref = node.add(claim_obj(name="gaps", uid=new_uid(), devices=["gpu-0"]))
     assert node.driver.prepare([ref])[ref.uid].error == ""
     started = time.monotonic()
@@ -59,12 +59,12 @@ def test_no_status_write_in_the_gaps_between_the_calls_of_a_burst(node: Node) ->
         with status.busy():
             time.sleep(0.02)
         time.sleep(0.05)  # a gap, shorter than settle_s: no write may go out in it
-    assert time.monotonic() - started < 1.0, "too slow a machine for this test's timing"
+    assert time.monotonic() - started < 2.0, "too slow a machine for this test's timing"
     assert _applies(node) == []
     ended = time.monotonic()
     polling.wait_for(lambda: _applies(node) == ["gaps"], what="the status write after the burst")
     # Not before the claims had been quiet for settle_s (it may be later on a slow machine).
-    assert time.monotonic() - ended >= 0.5 - 0.1
+    assert time.monotonic() - ended >= 1.0 - 0.1
     assert polling.poll(lambda: status.pending() == 0)
 
 
