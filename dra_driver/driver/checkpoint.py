@@ -281,8 +281,8 @@ class Checkpoint:
         just those bytes (one ``pwrite`` within the first page; fsync where durable). That
         spares a new inode, a rename and freeing the old inode — on ext4 the allocation of
         inodes at a high churn rate is the single most expensive thing a prepare does in the
-        kernel. Anything
-        else (a record that differs in more than its state) is replaced atomically as a whole.
+        kernel. Anything else (a record that differs in more than its state) is replaced
+        atomically as a whole.
         ``spec_json``: the record's CDI spec already encoded (:func:`encode_json`), if at hand.
         """
         if record.bootId != self.boot_id:

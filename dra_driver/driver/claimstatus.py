@@ -17,9 +17,9 @@ of claims) each apply costs the server about what a claim GET does, so applying 
 a burst made every prepare of it wait longer for its GET (issue 37); and a write slipped into
 the few milliseconds between two calls of a burst (the kubelet's pods do not start at the same
 instant) ran into the next ones (issue 46: the API server's CPU during warm bursts of 32 was
-all status writes). What it writes is derived
-at write time from the checkpoint (a completed record: its devices; no record: nothing), so a
-queued prepare and a later unprepare cannot be applied in the wrong order. A refused or failed
+all status writes). What it writes is derived at write time from the checkpoint (a completed
+record: its devices; no record: nothing), so a queued prepare and a later unprepare cannot be
+applied in the wrong order. A refused or failed
 write is logged with the claim, counted (``dra_driver_claim_status_writes_total{result}``) and
 retried with exponential backoff, up to ``max_attempts``; a claim gone from the API server (404,
 or replaced: UID conflict) is dropped.

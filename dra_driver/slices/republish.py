@@ -22,13 +22,12 @@ burst ran in the middle of the next one and took the interpreter from its prepar
 then lag by at most that) — a change of allocations only ``settle_alloc_s`` (the scheduler binds
 one pod at a time and the next claim should see the new ranks soon; one during a burst's wait
 ends it), then one rebuild takes the newest state, and the publisher writes the newest desired
-set it has when its pass runs. Health changes
-are rebuilt at once (a failing GPU's taint is urgent). A change that alters no slice rebuilds
-byte-identical slices: the publisher writes nothing. A rebuild that raises is logged and
-skipped; the last good set stays published and the next change is rebuilt as usual. A change
-of holdings that leaves the same GPUs taken (an allocated claim prepared, or unprepared while
-its pod stays) rebuilds nothing: the ranks depend on the taken GPUs only (issue 46: on 256 GPUs
-a rebuild per prepare was most of the agent's CPU).
+set it has when its pass runs. Health changes are rebuilt at once (a failing GPU's taint is
+urgent). A change that alters no slice rebuilds byte-identical slices: the publisher writes
+nothing. A rebuild that raises is logged and skipped; the last good set stays published and the
+next change is rebuilt as usual. A change of holdings that leaves the same GPUs taken (an
+allocated claim prepared, or unprepared while its pod stays) rebuilds nothing: the ranks depend
+on the taken GPUs only (issue 46: on 256 GPUs a rebuild per prepare was most of the agent's CPU).
 
 With metrics, every change (and the start) also updates the node's set-capacity gauges
 (:mod:`dra_driver.devices.setcapacity`: placeable N-GPU sets, links of the best free set) before
