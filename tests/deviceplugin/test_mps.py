@@ -21,8 +21,16 @@ from .testkubelet import FakeKubelet
 
 
 def _records(mps_dir: Path) -> dict[str, dict[str, object]]:
-    folder = mps_dir / "daemons"
-    return {r["id"]: r for r in (json.loads(p.read_text()) for p in folder.glob("*.json"))}
+    """The daemon records on disk now. Read while the supervisor works: a record it removes
+    between the listing and the read (a dead daemon's, before its restart) is not there."""
+    found: dict[str, dict[str, object]] = {}
+    for path in (mps_dir / "daemons").glob("*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
+            continue
+        found[record["id"]] = record
+    return found
 
 
 def _modes(mps_dir: Path) -> dict[str, str]:
